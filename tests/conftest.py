@@ -1,0 +1,73 @@
+"""Shared fixtures: a private AutoCompress home, a tiny corpus and tokenizer.
+
+The tiny corpus is a handful of real standard-library files, so tests meet
+real code without paying for the whole corpus.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("AUTOCOMPRESS_QUIET", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+torch.set_num_threads(1)
+
+_TINY_FILES = [
+    "json/__init__.py", "json/decoder.py", "json/encoder.py", "textwrap.py", "shlex.py",
+    "fnmatch.py", "glob.py", "bisect.py", "heapq.py", "string.py", "colorsys.py",
+    "keyword.py", "numbers.py", "operator.py", "queue.py", "sched.py", "stat.py",
+    "struct.py", "tabnanny.py", "this.py", "graphlib.py", "contextvars.py", "copy.py",
+    "csv.py", "dataclasses.py", "difflib.py", "enum.py", "fractions.py", "functools.py",
+    "gettext.py", "getopt.py", "gzip.py", "hmac.py", "ipaddress.py", "linecache.py",
+    "locale.py", "mimetypes.py", "netrc.py", "ntpath.py", "optparse.py", "pprint.py",
+    "quopri.py", "random.py", "reprlib.py", "secrets.py", "selectors.py", "shutil.py",
+    "statistics.py", "tempfile.py", "timeit.py", "token.py", "tokenize.py", "trace.py",
+    "typing.py", "uuid.py", "wave.py", "weakref.py", "zipapp.py",
+]
+
+
+@pytest.fixture
+def autocompress_home(tmp_path, monkeypatch) -> Path:
+    """A private AUTOCOMPRESS_HOME for one test."""
+    home = tmp_path / "ac-home"
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """A corpus of ~60 real stdlib files, split like the full one (session-wide)."""
+    from autocompress.data.corpus import build_corpus
+
+    src = tmp_path_factory.mktemp("tiny-src")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    rows = []
+    for rel in _TINY_FILES:
+        path = stdlib / rel
+        if path.exists():
+            rows.append({"path": rel, "text": path.read_text(encoding="utf-8")})
+    import json
+
+    (src / "files.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path_factory.mktemp("tiny-corpus")
+    build_corpus(out, source=str(src / "files.jsonl"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_corpus):
+    """A byte-level BPE with a 512-token vocabulary, trained on the tiny corpus."""
+    from autocompress.data.corpus import load_documents
+    from autocompress.data.tokenizer import train_tokenizer
+
+    docs = load_documents(tiny_corpus, "train")
+    return train_tokenizer((d.text for d in docs), vocab_size=512)
