@@ -1,0 +1,256 @@
+"""CLI for model surgery: importance, prune, arch show, export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+MODEL_HELP = "Model directory (Llama, Mistral, Qwen2, Qwen3 or compressed), or `default`."
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the main app."""
+    app.command("importance")(importance_command)
+    app.command("prune")(prune_command)
+    app.command("export")(export_command)
+    arch_app = typer.Typer(
+        help="Inspect model architectures (per-layer shapes).", no_args_is_help=True
+    )
+    arch_app.command("show")(arch_show_command)
+    app.add_typer(arch_app, name="arch")
+
+
+# ---------------------------------------------------------------- importance
+
+
+def importance_command(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="File to write (.safetensors)."),
+    data: Path | None = typer.Option(
+        None,
+        "--data",
+        help="Corpus directory (from `autocompress data prepare`); its calibration split is "
+        "used. Default: the standard-library corpus in AUTOCOMPRESS_HOME (built if absent).",
+    ),
+    seq_len: int = typer.Option(256, help="Tokens per calibration sequence."),
+    batch_size: int = typer.Option(8, help="Sequences per batch."),
+    batches: int = typer.Option(16, help="Calibration batches for activation statistics."),
+    removal_batches: int = typer.Option(
+        2,
+        help="Batches for loss-on-removal of each layer/block (0 skips it; costs 3 passes "
+        "per layer per batch).",
+    ),
+    seed: int = typer.Option(0, help="Seed for the order of calibration sequences."),
+) -> None:
+    """Compute Minitron importance (neurons, heads, KV groups, hidden channels, depth).
+
+    Forward passes only, activations in fp32; the file is reused by `autocompress prune
+    --importance` and by the search.
+    """
+    from rich.console import Console
+
+    from autocompress.importance import CalibrationConfig, importance_for_checkpoint
+
+    calib = CalibrationConfig(
+        corpus_dir=str(data) if data else None,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        num_batches=batches,
+        removal_batches=removal_batches,
+        seed=seed,
+    )
+    imp = importance_for_checkpoint(model, calib, out_path=out)
+    console = Console()
+    console.print(f"wrote {out} ({imp.num_tokens} tokens, base loss {imp.base_loss:.4f})")
+    _print_depth(console, imp)
+
+
+def _print_depth(console, imp) -> None:
+    from rich.table import Table
+
+    table = Table(title="Depth importance (higher = more important)")
+    for column in (
+        "layer",
+        "1-cos layer",
+        "1-cos attn",
+        "1-cos ffn",
+        "Δloss layer",
+        "Δloss attn",
+        "Δloss ffn",
+    ):
+        table.add_column(column, justify="right")
+    for i in range(imp.arch.num_layers):
+        values = [
+            imp.layer_cosine,
+            imp.attention_cosine,
+            imp.ffn_cosine,
+            imp.layer_loss,
+            imp.attention_loss,
+            imp.ffn_loss,
+        ]
+        table.add_row(str(i), *[_fmt(float(v[i])) for v in values])
+    console.print(table)
+
+
+def _fmt(value: float) -> str:
+    return "—" if value != value else f"{value:.4f}"  # NaN -> dash
+
+
+# --------------------------------------------------------------------- prune
+
+
+def prune_command(
+    teacher: str = typer.Option(..., "--teacher", "-t", help=MODEL_HELP),
+    arch: Path = typer.Option(
+        ...,
+        "--arch",
+        "-a",
+        help='ArchSpec JSON: {"hidden_size": H, "layers": [{"attention": {"num_heads": N, '
+        '"num_kv_heads": K} | null, "ffn": {"intermediate_size": I} | null}, ...]}. '
+        "Fewer layers than the teacher drops the least important layers.",
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the pruned model."),
+    importance: Path | None = typer.Option(
+        None,
+        "--importance",
+        "-i",
+        help="Importance file from `autocompress importance`; computed on the default "
+        "calibration data when omitted.",
+    ),
+    random_channels: bool = typer.Option(
+        False, "--random-channels", help="Ignore importance, keep random channels (ablation)."
+    ),
+    depth_metric: str = typer.Option(
+        "cosine", help="How to pick layers to drop: `cosine` (1-cos) or `loss` (loss on removal)."
+    ),
+    data: Path | None = typer.Option(
+        None,
+        "--data",
+        help="Corpus directory for computing importance when --importance is omitted "
+        "(default: the standard-library corpus).",
+    ),
+    seed: int = typer.Option(0, help="Seed for --random-channels."),
+) -> None:
+    """Prune a teacher to an ArchSpec: slice heads, KV groups, FFN neurons, hidden channels.
+
+    Writes a HeteroForCausalLM (loads with AutoModelForCausalLM) plus tokenizer and a
+    surgery.json record; keep-everything pruning reproduces the teacher exactly.
+    """
+    from rich.console import Console
+
+    from autocompress.arch import ArchSpec
+    from autocompress.importance import CalibrationConfig
+    from autocompress.prune import prune_checkpoint
+
+    spec = ArchSpec.from_json(arch)
+    record = prune_checkpoint(
+        teacher,
+        spec,
+        out,
+        importance=importance,
+        calibration=CalibrationConfig(corpus_dir=str(data) if data else None),
+        random_channels=random_channels,
+        seed=seed,
+        depth_metric=depth_metric,
+    )
+    Console().print(
+        f"wrote {out}: {record['student_params']:,} parameters "
+        f"({record['student_params'] / record['teacher_params']:.1%} of the teacher), "
+        f"teacher layers kept {record['layer_map']}"
+    )
+
+
+# --------------------------------------------------------------------- arch
+
+
+def arch_show_command(
+    model: str = typer.Argument(..., help=MODEL_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the ArchSpec JSON instead."),
+) -> None:
+    """Show a model's per-layer shapes (heads, KV heads, FFN width, parameters)."""
+    from rich.console import Console
+
+    from autocompress.arch import ArchSpec
+    from autocompress.errors import AutoCompressError
+    from autocompress.modeling.loading import load_config
+
+    source, config = load_config(model)
+    spec = ArchSpec.from_hf_config(config)
+    if as_json:
+        typer.echo(spec.to_json())
+        return
+    if not spec.layers:
+        raise AutoCompressError(f"{source} has no layers")
+    Console().print(_arch_table(spec, source, config))
+
+
+def _arch_table(spec, source: str, config):
+    from rich.table import Table
+
+    arch_name = ", ".join(getattr(config, "architectures", None) or [config.model_type])
+    table = Table(
+        title=f"{arch_name} — {source}",
+        caption=(
+            f"hidden {spec.hidden_size} · head_dim {spec.head_dim} · vocab {spec.vocab_size} · "
+            f"tied {bool(spec.tie_word_embeddings)} · qk_norm {bool(spec.qk_norm)} · "
+            f"KV heads total {spec.kv_heads_total()} · params {spec.num_params():,}"
+        ),
+    )
+    for column in ("layer", "heads", "KV heads", "group", "FFN width", "params"):
+        table.add_column(column, justify="right")
+    for i, layer in enumerate(spec.layers):
+        att, ffn = layer.attention, layer.ffn
+        table.add_row(
+            str(i),
+            str(att.num_heads) if att else "no-op",
+            str(att.num_kv_heads) if att else "—",
+            str(att.num_heads // att.num_kv_heads) if att else "—",
+            str(ffn.intermediate_size) if ffn else "no-op",
+            f"{spec.layer_params(i):,}",
+        )
+    table.add_row("emb+head+norm", "", "", "", "", f"{spec.embedding_params():,}", end_section=True)
+    return table
+
+
+# -------------------------------------------------------------------- export
+
+
+def export_command(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory to write."),
+    fmt: str = typer.Option(
+        "nemotron-nas",
+        "--format",
+        "-f",
+        help="Target format. `nemotron-nas`: DeciLMForCausalLM block_configs (vLLM, "
+        "TensorRT-LLM, llama.cpp `deci`).",
+    ),
+    ffn_format: str = typer.Option(
+        "ffn_mult",
+        help="How FFN widths are written: `ffn_mult` (classic, widths must be "
+        "multiples of 256) or `intermediate_size` (newer checkpoints, exact).",
+    ),
+    overwrite: bool = typer.Option(False, help="Replace a non-empty output directory."),
+) -> None:
+    """Export a model to a heterogeneous format serving engines read.
+
+    Refuses, naming the layer, what the format cannot represent; also writes
+    per_layer_config.json (transformers v5 per-layer overrides).
+    """
+    from rich.console import Console
+
+    from autocompress.errors import AutoCompressError
+    from autocompress.export import export_nemotron_nas
+
+    if fmt != "nemotron-nas":
+        raise AutoCompressError(f"unknown export format {fmt!r}", hint="use --format nemotron-nas")
+    if ffn_format not in ("ffn_mult", "intermediate_size"):
+        raise AutoCompressError(
+            f"unknown --ffn-format {ffn_format!r}", hint="use ffn_mult or intermediate_size"
+        )
+    report = export_nemotron_nas(model, out, ffn_format=ffn_format, overwrite=overwrite)
+    console = Console()
+    console.print(f"wrote {report.out_dir} ({report.format}, {report.num_params:,} parameters)")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
