@@ -1,0 +1,326 @@
+"""CLI: ``autocompress hardware ...`` and ``autocompress costmodel ...``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autocompress.errors import AutoCompressError
+
+hardware_app = typer.Typer(
+    help="Profile this machine (NVIDIA GPUs via NVML, the CPU with microbenchmarks) and "
+    "list the GPUs of the spec registry.",
+    no_args_is_help=True,
+)
+costmodel_app = typer.Typer(
+    help="Predict latency, throughput and memory of an architecture on a target "
+    "(hardware/engine/dtype) and workload; fit the cost model on the local CPU and "
+    "validate it against measurements.",
+    no_args_is_help=True,
+)
+console = Console()
+
+STATISTIC_HELP = (
+    "Timing statistic: median (what runs take now) or floor (10th percentile: the "
+    "uncontended speed when other jobs share the CPU)."
+)
+THREADS_HELP = (
+    "torch CPU threads while measuring (the fitted model is valid for this count; "
+    "1 on a shared machine)."
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the main app."""
+    app.add_typer(hardware_app, name="hardware")
+    app.add_typer(costmodel_app, name="costmodel")
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+# ------------------------------------------------------------------ hardware
+
+
+@hardware_app.command("profile")
+def hardware_profile(
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Also write the profile JSON to this file."
+    ),
+    bench: bool = typer.Option(
+        True, "--bench/--no-bench", help="Run the CPU microbenchmarks (GEMM FLOP/s, "
+        "memory bandwidth; a few seconds). cpu-local needs them."
+    ),
+    threads: int = typer.Option(1, help=THREADS_HELP),
+) -> None:
+    """Detect GPUs and the CPU, measure the CPU, cache the profile (cpu-local uses it)."""
+    from autocompress.hardware import profile_hardware, save_profile
+
+    _set_threads(threads)
+    profile = profile_hardware(benchmarks=bench, threads=threads)
+    cached = save_profile(profile) if bench else None
+    if json_out:
+        _write_json(json_out, profile.model_dump(mode="json"))
+    table = Table(title="hardware profile")
+    table.add_column("item")
+    table.add_column("value")
+    cpu = profile.cpu
+    table.add_row("cpu", f"{cpu.model}, {cpu.usable_cores}/{cpu.logical_cores} cores, "
+                  f"{cpu.memory_gib:.1f} GiB")
+    if profile.benchmarks:
+        b = profile.benchmarks
+        for label, stat, scale, unit in (
+            ("GEMM fp32", b.gemm_fp32_flops, 1e9, "GFLOP/s"),
+            ("GEMM bf16", b.gemm_bf16_flops, 1e9, "GFLOP/s"),
+            ("copy bandwidth", b.copy_bandwidth_bytes_s, 1e9, "GB/s"),
+        ):
+            table.add_row(label, f"{stat.median / scale:.2f} {unit} "
+                          f"(IQR {stat.spread * 100:.1f}%, n={stat.n}, {threads} thread(s))")
+    for gpu in profile.gpus:
+        table.add_row(f"gpu {gpu.index}", f"{gpu.name}, {gpu.memory_total_gib:.1f} GiB, "
+                      f"registry: {gpu.registry_name or 'none'}")
+    if not profile.gpus:
+        table.add_row("gpu", f"none ({profile.nvml_error})")
+    console.print(table)
+    if cached:
+        console.print(f"cached at {cached}")
+
+
+@hardware_app.command("list")
+def hardware_list() -> None:
+    """List the GPUs of the spec registry (memory, bandwidth, dense FLOP/s)."""
+    from autocompress.hardware import load_registry
+
+    table = Table(title="spec registry (dense, no sparsity)")
+    for column in ("name", "device", "memory GiB", "GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s"):
+        table.add_column(column)
+    for name, spec in load_registry().items():
+        flops = spec.flops_tflops
+        table.add_row(name, spec.display_name, f"{spec.memory_gib:g}", f"{spec.bandwidth_gb_s:g}",
+                      f"{flops.get('bf16', 0):g}", f"{flops.get('fp8', 0):g}")
+    console.print(table)
+    console.print("cpu-local: measured by `autocompress hardware profile`")
+
+
+# ----------------------------------------------------------------- costmodel
+
+
+@costmodel_app.command("presets")
+def presets(as_json: bool = typer.Option(False, "--json", help="Print JSON instead.")) -> None:
+    """List the workload presets with their settings."""
+    from autocompress.costmodel.workload import PRESETS
+
+    if as_json:
+        typer.echo(json.dumps({k: w.model_dump() for k, w in PRESETS.items()}, indent=2))
+        return
+    table = Table(title="workload presets")
+    for column in ("name", "isl", "osl", "batch", "main metric", "default target"):
+        table.add_column(column, no_wrap=True)
+    for w in PRESETS.values():
+        table.add_row(w.name, str(w.isl), str(w.osl), str(w.batch), w.main_metric,
+                      w.default_target)
+    console.print(table)
+    for w in PRESETS.values():
+        console.print(f"[bold]{w.name}[/bold]: {w.description}")
+
+
+def _cost_model(target_text: str, tp: int, cost_model: Path | None):
+    from autocompress.costmodel.model import CostModel
+    from autocompress.costmodel.target import Target
+
+    target = Target.parse(target_text, tp=tp)
+    if cost_model is not None:
+        model = CostModel.load(cost_model)
+        if model.target.name != target.name:
+            raise AutoCompressError(
+                f"cost model {cost_model} is for {model.target.name}, not {target.name}",
+                hint="pass the matching --target or another --cost-model",
+            )
+        return model.model_copy(update={"target": target})
+    return CostModel.for_target(target)
+
+
+@costmodel_app.command("predict")
+def predict(
+    model: str = typer.Option(
+        ..., "--model", help="Model directory, config.json (Llama family, nemotron-nas "
+        "block_configs, autocompress_hetero), ArchSpec JSON, or `default`."
+    ),
+    target: str = typer.Option(
+        None, "--target", help="HARDWARE/ENGINE[/DTYPE], e.g. h100-sxm/vllm/bf16 "
+        "(default: the workload preset's default target)."
+    ),
+    workload: str = typer.Option(
+        None, "--workload", help="Workload preset (see `costmodel presets`); default: the "
+        "target's preset."
+    ),
+    isl: int = typer.Option(None, "--isl", help="Override the prompt length (tokens)."),
+    osl: int = typer.Option(None, "--osl", help="Override the generated tokens."),
+    concurrency: int = typer.Option(None, "--concurrency", help="Override the batch."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (GPUs per replica)."),
+    cost_model: Path | None = typer.Option(
+        None, "--cost-model", help="A saved cost model JSON (default: the fitted model of "
+        "the target if any, else the analytic one)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Predict TTFT, TPOT, end-to-end latency, throughput, memory and fit of a model."""
+    from autocompress.costmodel.configs import load_arch
+    from autocompress.costmodel.workload import default_workload_for, get_workload
+
+    spec, notes = load_arch(model)
+    if workload is None and target is None:
+        raise AutoCompressError("give --target and/or --workload",
+                                hint="e.g. --target h100-sxm/vllm/bf16 --workload datacenter")
+    preset = get_workload(workload) if workload else default_workload_for(target)
+    target = target or preset.default_target
+    chosen = preset.with_overrides(isl=isl, osl=osl, batch=concurrency)
+    cm = _cost_model(target, tp, cost_model)
+    result = cm.predict(spec, chosen)
+    payload = {
+        **result.metrics(),
+        "max_context_tokens": result.max_context_tokens,
+        "reason": result.reason,
+        "target": result.target,
+        "tp": result.tp,
+        "workload": chosen.model_dump(),
+        "params": spec.num_params(),
+        "cost_model": result.cost_model,
+        "notes": notes,
+    }
+    if as_json:
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    table = Table(title=f"{model} on {result.target} (tp={tp}), {chosen.name}: "
+                  f"isl {chosen.isl}, osl {chosen.osl}, batch {chosen.batch}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms", "throughput_tok_s", "memory_gb"):
+        table.add_row(key, f"{payload[key]:,.3f}")
+    table.add_row("max_concurrency", str(result.max_concurrency))
+    table.add_row("max_context_tokens", str(result.max_context_tokens))
+    table.add_row("fits", "yes" if result.fits else f"NO: {result.reason}")
+    table.add_row("params", f"{spec.num_params():,}")
+    console.print(table)
+    if not result.fits:
+        console.print(f"does not fit; at this context the most concurrent sequences that fit "
+                      f"is {result.max_concurrency}, at this concurrency the longest context "
+                      f"is {result.max_context_tokens} tokens")
+    for note in notes:
+        console.print(f"note: {note}")
+    console.print(f"cost model: {result.cost_model}")
+
+
+def _workloads(names: list[str] | None):
+    from autocompress.costmodel.fit import CPU_FIT_WORKLOADS
+    from autocompress.costmodel.workload import get_workload
+
+    return [get_workload(n) for n in (names or CPU_FIT_WORKLOADS)]
+
+
+@costmodel_app.command("fit")
+def fit(
+    target: str = typer.Option("cpu-local/hf-eager/fp32", "--target",
+                               help="A measurable target (the local CPU with hf-eager)."),
+    probes: int = typer.Option(20, "--probes", help="Probe architectures to measure."),
+    workload: list[str] = typer.Option(
+        None, "--workload", help="Workloads to fit on (repeatable; default: the three "
+        "-cpu presets)."
+    ),
+    repeats: int = typer.Option(3, help="Measured repetitions per probe and workload."),
+    warmup: int = typer.Option(1, help="Unrecorded warm-up repetitions."),
+    threads: int = typer.Option(1, help=THREADS_HELP),
+    seed: int = typer.Option(0, help="Seed of the probe design and weights."),
+    statistic: str = typer.Option("median", help=STATISTIC_HELP),
+    out: Path | None = typer.Option(
+        None, "--out", help="Where to save the model (default: AUTOCOMPRESS_HOME/costmodels/)."
+    ),
+    rows_out: Path | None = typer.Option(None, "--rows", help="Also save the probe data JSON."),
+) -> None:
+    """Measure probe architectures on the local target and fit the cost model (NNLS)."""
+    from autocompress.costmodel.fit import fit_cost_model
+    from autocompress.costmodel.model import default_path
+    from autocompress.costmodel.space import default_base_config
+    from autocompress.costmodel.target import Target
+
+    _set_threads(threads)
+    parsed = Target.parse(target)
+    model, rows = fit_cost_model(parsed, default_base_config(), _workloads(workload),
+                                 n_probes=probes, repeats=repeats, warmup=warmup, seed=seed,
+                                 statistic=statistic)
+    path = out or default_path(parsed)
+    sha = model.save(path)
+    if rows_out:
+        _write_json(rows_out, [row.model_dump(mode="json") for row in rows])
+    report = model.fit
+    table = Table(title=f"fitted {model.version} on {report.n_rows} measurements")
+    table.add_column("metric")
+    table.add_column("train MAPE %", justify="right")
+    table.add_column("median spread %", justify="right")
+    for key in ("ttft_ms", "tpot_ms", "memory_gb"):
+        spread = report.median_spread.get(key)
+        table.add_row(key, f"{report.train_mape[key]:.2f}",
+                      "-" if spread is None else f"{spread * 100:.1f}")
+    console.print(table)
+    console.print(f"saved {path} (sha256 {sha[:16]}…) in {report.seconds:.0f} s")
+
+
+@costmodel_app.command("validate")
+def validate(
+    target: str = typer.Option("cpu-local/hf-eager/fp32", "--target",
+                               help="A measurable target (the local CPU with hf-eager)."),
+    n: int = typer.Option(30, "--n", help="Sampled architectures."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report JSON here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a predicted-vs-measured PNG."),
+    workload: list[str] = typer.Option(
+        None, "--workload", help="Workloads (repeatable; default: the three -cpu presets)."
+    ),
+    repeats: int = typer.Option(5, help="Measured repetitions per architecture."),
+    warmup: int = typer.Option(1, help="Unrecorded warm-up repetitions."),
+    threads: int = typer.Option(1, help=THREADS_HELP),
+    seed: int = typer.Option(1000, help="Seed of the sampled architectures."),
+    statistic: str = typer.Option("median", help=STATISTIC_HELP),
+    cost_model: Path | None = typer.Option(
+        None, "--cost-model", help="Saved cost model (default: the target's fitted one)."
+    ),
+) -> None:
+    """Measure sampled architectures and report MAPE, Kendall τ and spread per metric."""
+    from autocompress.costmodel.space import default_base_config
+    from autocompress.costmodel.target import Target
+    from autocompress.costmodel.validate import plot_validation, validate_cost_model
+
+    _set_threads(threads)
+    if not Target.parse(target).measurable:
+        raise AutoCompressError(f"{target} cannot be measured on this machine",
+                                hint="validate cpu-local/hf-eager/fp32")
+    model = _cost_model(target, 1, cost_model)
+    if model.source != "fitted":
+        console.print("[yellow]no fitted model for this target: validating the analytic "
+                      "one (run `autocompress costmodel fit` first)[/yellow]")
+    report = validate_cost_model(model, default_base_config(), _workloads(workload), n=n,
+                                 repeats=repeats, warmup=warmup, seed=seed, statistic=statistic)
+    if json_out:
+        _write_json(json_out, report.model_dump(mode="json"))
+    if plot:
+        plot_validation(report, plot)
+    table = Table(title=f"{model.version}: n={n} × {len(report.workloads)} workload(s), "
+                  f"{statistic} timings, {report.seconds:.0f} s")
+    for column in ("metric", "MAPE %", "Kendall τ", "median spread %"):
+        table.add_column(column, justify="right")
+    for metric, mape, tau, spread in report.table():
+        table.add_row(metric, f"{mape:.2f}", f"{tau:.3f}", f"{spread * 100:.1f}")
+    console.print(table)

@@ -1,0 +1,226 @@
+"""Validating a cost model against measurements of sampled architectures.
+
+Sample ``n`` heterogeneous ArchSpecs from the default search space around the
+teacher (different seeds from the fitting probes), build them with random
+weights, measure them with the harness (repetitions interleaved), predict them
+with the cost model, and score per metric:
+
+- MAPE (mean absolute percentage error, %) of the prediction vs the median;
+- Kendall τ between predicted and measured values (does the model rank
+  candidates the way the hardware does? that is what the search needs);
+- the spread of the measurements (median relative IQR), which bounds how small
+  the MAPE can be on a noisy machine.
+
+Timings are scored against their median, or, with ``statistic="floor"``,
+against their 10th percentile, which estimates the uncontended speed when
+other jobs share the CPU (the JSON holds both).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+from scipy.stats import kendalltau
+
+from autocompress.arch import ArchSpec
+from autocompress.costmodel.measure import STATISTICS, Measurement, measure_grid
+from autocompress.costmodel.model import CostModel
+from autocompress.costmodel.space import SearchSpace
+from autocompress.costmodel.workload import Workload
+
+SCORED = {"ttft": "ttft_ms", "tpot": "tpot_ms", "memory": "memory_gb"}
+
+
+class ValidationSample(BaseModel):
+    spec: dict[str, Any]
+    workload: str
+    params: int
+    measured: dict[str, float] = Field(description="By the report's statistic.")
+    measured_by_statistic: dict[str, dict[str, float]]
+    predicted: dict[str, float]
+    spread: dict[str, float]
+
+
+class ValidationReport(BaseModel):
+    """The JSON of ``costmodel validate`` (keys ``n``, ``mape``, ``kendall_tau``, ``samples``)."""
+
+    n: int
+    target: str
+    cost_model: str
+    workloads: list[str]
+    statistic: str
+    repeats: int
+    warmup: int
+    seconds: float
+    mape: dict[str, float]
+    kendall_tau: dict[str, float]
+    spread: dict[str, float]
+    per_workload: dict[str, dict[str, dict[str, float]]]
+    by_statistic: dict[str, dict[str, dict[str, float]]] = Field(
+        description="Pooled scores against each measured statistic (median, floor)."
+    )
+    samples: list[ValidationSample]
+
+    def table(self) -> list[tuple[str, float, float, float]]:
+        """(metric, MAPE %, Kendall τ, median spread) rows."""
+        return [(m, self.mape[m], self.kendall_tau[m], self.spread[m]) for m in SCORED]
+
+
+def sample_specs(reference: ArchSpec, n: int, seed: int = 1000) -> list[ArchSpec]:
+    """``n`` heterogeneous specs from the default space (no duplicates)."""
+    space = SearchSpace.around(reference)
+    rng = random.Random(seed)
+    specs: list[ArchSpec] = []
+    seen: set[str] = set()
+    while len(specs) < n:
+        spec = space.sample(rng)
+        key = spec.to_json(indent=None)
+        if key not in seen:
+            seen.add(key)
+            specs.append(spec)
+    return specs
+
+
+def score(
+    samples: Sequence[ValidationSample], statistic: str | None = None
+) -> dict[str, dict[str, float]]:
+    """MAPE, Kendall τ and median spread per metric over ``samples`` (measured by
+    ``statistic``, default: the samples' own ``measured``)."""
+    out: dict[str, dict[str, float]] = {"mape": {}, "kendall_tau": {}, "spread": {}}
+    for short, key in SCORED.items():
+        measured = np.array([
+            (s.measured_by_statistic[statistic] if statistic else s.measured)[key]
+            for s in samples
+        ])
+        predicted = np.array([s.predicted[key] for s in samples])
+        out["mape"][short] = float(np.mean(np.abs(predicted - measured) / measured) * 100)
+        tau = kendalltau(predicted, measured).statistic if len(samples) > 1 else float("nan")
+        out["kendall_tau"][short] = float(tau)
+        out["spread"][short] = float(statistics.median(s.spread[key] for s in samples))
+    return out
+
+
+def validate_cost_model(
+    model: CostModel,
+    base_config: Any,
+    workloads: Sequence[Workload],
+    n: int = 30,
+    repeats: int = 5,
+    warmup: int = 1,
+    seed: int = 1000,
+    progress: bool = True,
+    statistic: str = "median",
+) -> ValidationReport:
+    """Measure ``n`` sampled architectures on every workload and score the model.
+
+    All (architecture, workload) pairs are interleaved in every round. Scores use
+    ``statistic`` (median, or floor on a busy machine); ``by_statistic`` has both.
+    """
+    from autocompress.modeling import arch_spec_of, build_model
+
+    if statistic not in STATISTICS:  # fail before minutes of measuring
+        raise ValueError(f"statistic must be one of {STATISTICS}")
+    start = time.perf_counter()
+    reference = arch_spec_of(base_config)
+    specs = sample_specs(reference, n, seed)
+    models = [build_model(spec, base_config, seed=seed + i) for i, spec in enumerate(specs)]
+    grid = measure_grid(models, workloads, repeats=repeats, warmup=warmup, seed=seed,
+                        progress=progress, description="validating")
+    return score_measurements(model, specs, workloads, grid, statistic,
+                              seconds=time.perf_counter() - start)
+
+
+def score_measurements(
+    model: CostModel,
+    specs: Sequence[ArchSpec],
+    workloads: Sequence[Workload],
+    grid: Sequence[Sequence[Measurement]],
+    statistic: str = "median",
+    seconds: float = 0.0,
+) -> ValidationReport:
+    """Score ``model`` on measurements ``grid[w][m]`` of ``specs`` (see the module doc)."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {STATISTICS}")
+    samples: list[ValidationSample] = []
+    per_workload = {}
+    for workload, results in zip(workloads, grid, strict=True):
+        these = []
+        for spec, result in zip(specs, results, strict=True):
+            prediction = model.predict(spec, workload)
+            by_statistic = {name: result.metrics(name) for name in STATISTICS}
+            these.append(
+                ValidationSample(
+                    spec=spec.to_dict(),
+                    workload=workload.name,
+                    params=spec.num_params(),
+                    measured=by_statistic[statistic],
+                    measured_by_statistic=by_statistic,
+                    predicted=prediction.metrics(),
+                    spread={"ttft_ms": result.ttft_ms.spread, "tpot_ms": result.tpot_ms.spread,
+                            "memory_gb": 0.0},
+                )
+            )
+        per_workload[workload.name] = score(these)
+        samples += these
+    pooled = score(samples)
+    first = grid[0][0]
+    return ValidationReport(
+        n=len(specs),
+        target=model.target.name,
+        cost_model=model.version,
+        workloads=[w.name for w in workloads],
+        statistic=statistic,
+        repeats=first.repeats,
+        warmup=first.warmup,
+        seconds=seconds,
+        mape=pooled["mape"],
+        kendall_tau=pooled["kendall_tau"],
+        spread=pooled["spread"],
+        per_workload=per_workload,
+        by_statistic={name: score(samples, name) for name in STATISTICS},
+        samples=samples,
+    )
+
+
+def plot_validation(report: ValidationReport, path: str | Path) -> Path:
+    """Predicted-vs-measured scatter per metric (log axes, y = x line) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(SCORED), figsize=(4.2 * len(SCORED), 4.2))
+    for ax, (short, key) in zip(axes, SCORED.items(), strict=True):
+        for name in report.workloads:
+            rows = [s for s in report.samples if s.workload == name]
+            measured = [s.measured[key] for s in rows]
+            predicted = [s.predicted[key] for s in rows]
+            errors = [s.spread[key] * s.measured[key] / 2 for s in rows]
+            ax.errorbar(measured, predicted, xerr=errors, fmt="o", ms=4, alpha=0.75,
+                        label=name)
+        values = [v for s in report.samples for v in (s.measured[key], s.predicted[key])]
+        lo, hi = min(values) * 0.9, max(values) * 1.1
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {key}")
+        ax.set_ylabel(f"predicted {key}")
+        ax.set_title(f"{short}: MAPE {report.mape[short]:.1f}%, "
+                     f"τ {report.kendall_tau[short]:.2f}")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{report.target} — {report.cost_model} (n={report.n})", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
