@@ -1,0 +1,252 @@
+"""CLI: `autocompress distill` (recover a pruned student) and `autocompress verify`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+MODEL_HELP = "Model directory (Llama, Mistral, Qwen2, Qwen3 or compressed), or `default`."
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the main app."""
+    app.command("distill")(distill_command)
+    app.command("verify")(verify_command)
+
+
+# ------------------------------------------------------------------ distill
+
+
+def distill_command(
+    teacher: str = typer.Option(..., "--teacher", "-t", help=MODEL_HELP),
+    student: str = typer.Option(
+        ..., "--student", "-s", help="The student to train (e.g. the output of `prune`)."
+    ),
+    tokens: int = typer.Option(..., "--tokens", "-n", help="Training token budget."),
+    out: Path = typer.Option(
+        ..., "--out", "-o",
+        help="Where the distilled student is written (model + tokenizer + distill.json). "
+        "Checkpoints go to OUT.work until the run finishes.",
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the interrupted run whose checkpoints are in OUT.work."
+    ),
+    data: Path | None = typer.Option(
+        None, "--data",
+        help="Corpus directory (from `autocompress data prepare`): train split for training, "
+        "held-out split for evaluation. Default: the standard-library corpus in "
+        "AUTOCOMPRESS_HOME (built if absent).",
+    ),
+    seq_len: int = typer.Option(256, help="Tokens per training sequence."),
+    batch_size: int = typer.Option(
+        16, help="Global sequences per optimizer step (over all processes)."
+    ),
+    grad_accum: int = typer.Option(
+        1, help="Micro-batches per step and process (batch = processes x grad_accum x micro)."
+    ),
+    lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
+    warmup_steps: int = typer.Option(20, help="Linear warmup steps before cosine decay."),
+    temperature: float = typer.Option(1.0, help="Softmax temperature of the KD loss."),
+    alpha: float = typer.Option(
+        0.0, help="Weight of the hidden-state cosine loss (0 = logits only, Minitron's "
+        "default; try 0.5-1 for students that lost many layers)."
+    ),
+    layer_map: str | None = typer.Option(
+        None, help="Hidden states to match when --alpha > 0, as STUDENT:TEACHER pairs "
+        "(`1:2,2:4`; 0 = embeddings, i = output of block i). Default: spread evenly."
+    ),
+    eval_every: int = typer.Option(0, help="Steps between held-out evaluations (0 = at end)."),
+    eval_batches: int = typer.Option(8, help="Held-out batches per evaluation."),
+    ckpt_every: int = typer.Option(50, help="Steps between checkpoints."),
+    seed: int = typer.Option(0, help="Seed for data order and initialisation."),
+    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast (CPU and GPU)."),
+    fsdp: bool = typer.Option(
+        False, "--fsdp",
+        help="Under torchrun, shard student, teacher and optimizer over processes (FSDP2) "
+        "instead of replicating them (DDP).",
+    ),
+    keep_checkpoints: bool = typer.Option(
+        False, help="Keep OUT.work (checkpoints) after a successful run."
+    ),
+    threads: int | None = typer.Option(None, help="torch CPU threads per process."),
+) -> None:
+    """Distil a teacher into a (pruned) student: forward KL on logits, resumable.
+
+    Runs in one process, or on several with torchrun (DDP, or --fsdp), e.g.
+    `torchrun --nproc_per_node 8 -m autocompress.cli distill ...` — every process
+    takes a disjoint part of each global batch, so the result does not depend on
+    the number of processes. Kill it at any time; `--resume` continues exactly.
+    """
+    import torch
+
+    from autocompress import distributed
+    from autocompress.data.corpus import ensure_corpus
+    from autocompress.distill import DistillConfig, DistillData, distill
+    from autocompress.errors import AutoCompressError
+    from autocompress.modeling import load_causal_lm
+
+    if threads:
+        torch.set_num_threads(threads)
+    ctx = distributed.init_from_env()
+    try:
+        config = DistillConfig(
+            tokens=tokens, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
+            lr=lr, warmup_steps=warmup_steps, temperature=temperature, alpha=alpha,
+            layer_map=_parse_layer_map(layer_map), eval_every=eval_every,
+            eval_batches=eval_batches, ckpt_every=ckpt_every, seed=seed, bf16=bf16,
+            parallel="fsdp" if fsdp else "ddp", keep_checkpoints=keep_checkpoints,
+        )
+        teacher_model, teacher_tok = load_causal_lm(teacher)
+        student_model, student_tok = load_causal_lm(student)
+        tokenizer = student_tok or teacher_tok
+        if tokenizer is None:
+            raise AutoCompressError(
+                "neither the teacher nor the student directory has a tokenizer",
+                "save the teacher's tokenizer (tokenizer.save_pretrained) into one of them",
+            )
+        if not ctx.enabled and torch.cuda.is_available():
+            student_model.to("cuda")  # a single process uses the GPU when there is one
+        # Rank 0 builds the corpus and token caches first; the others then read them.
+        dataset = None
+        for turn in (True, False):
+            if ctx.is_main == turn:
+                dataset = DistillData.from_corpus(tokenizer, ensure_corpus(data), seq_len,
+                                                  heldout_windows=eval_batches * batch_size)
+            distributed.barrier(ctx)
+        result = distill(teacher_model, student_model, dataset, config, out,
+                         tokenizer=tokenizer, resume=resume)
+        if ctx.is_main:
+            _print_distill_summary(result)
+    finally:
+        distributed.shutdown()
+
+
+def _parse_layer_map(text: str | None) -> dict[int, int] | None:
+    from autocompress.errors import AutoCompressError
+
+    if not text:
+        return None
+    try:
+        pairs = [item.split(":") for item in text.split(",") if item.strip()]
+        return {int(s): int(t) for s, t in pairs}
+    except ValueError:
+        raise AutoCompressError(
+            f"cannot read --layer-map {text!r}", "write STUDENT:TEACHER pairs, e.g. 1:2,2:4"
+        ) from None
+
+
+def _print_distill_summary(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Distilled {result.steps} steps, {result.tokens_seen:,} tokens "
+                        f"({result.seconds:.0f} s, {result.world_size} process(es))")
+    table.add_column("held-out")
+    for column in ("teacher", "student before", "student after"):
+        table.add_column(column, justify="right")
+    for key in ("heldout_loss", "heldout_ppl", "heldout_kd"):
+        row = [result.teacher_eval.get(key), result.initial_eval.get(key),
+               result.final_eval.get(key)]
+        table.add_row(key, *("-" if v is None else f"{v:.4f}" for v in row))
+    console = Console()
+    console.print(table)
+    console.print(f"wrote {result.out_dir}")
+
+
+# ------------------------------------------------------------------ verify
+
+
+def verify_command(
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    target: str = typer.Option(
+        "cpu-local/hf-eager/fp32", "--target",
+        help="HARDWARE/ENGINE/DTYPE to measure on; must be this machine (the local CPU, "
+        "or a local GPU with hf-eager).",
+    ),
+    workload: str = typer.Option(
+        "interactive-cpu", "--workload", "-w",
+        help="Workload preset (see `autocompress costmodel presets`).",
+    ),
+    isl: int | None = typer.Option(None, help="Override the preset's prompt length."),
+    osl: int | None = typer.Option(None, help="Override the preset's output length."),
+    batch: int | None = typer.Option(None, help="Override the preset's concurrency."),
+    max_ttft_ms: float | None = typer.Option(None, help="Limit: time to first token (ms)."),
+    max_tpot_ms: float | None = typer.Option(None, help="Limit: time per output token (ms)."),
+    max_e2e_ms: float | None = typer.Option(None, help="Limit: end-to-end latency (ms)."),
+    min_throughput: float | None = typer.Option(
+        None, "--min-throughput", help="Limit: generated tokens/s over the whole batch."
+    ),
+    max_memory_gb: float | None = typer.Option(None, help="Limit: peak memory (GB, 1e9 B)."),
+    limits_file: Path | None = typer.Option(
+        None, "--limits", help="JSON file of limits (the Limits fields); options override it."
+    ),
+    repeats: int = typer.Option(5, help="Timed repetitions (after warm-up)."),
+    warmup: int = typer.Option(1, help="Untimed warm-up repetitions."),
+    threads: int | None = typer.Option(
+        None, help="torch threads while measuring (default: those of the fitted cost model)."
+    ),
+    cost_model: Path | None = typer.Option(
+        None, help="Cost model JSON to compare with (default: the target's fitted one, "
+        "else the analytic model)."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
+) -> None:
+    """Measure a model on the target and check its limits; exit 1 if one is violated.
+
+    TTFT, TPOT, end-to-end latency, throughput and peak memory are measured
+    with the harness the cost model was fitted and validated with, and shown
+    beside the cost model's prediction. A limit passes when the median meets
+    it, or lies within the median's 95% confidence interval (memory: exactly).
+    """
+    from autocompress.costmodel.model import CostModel
+    from autocompress.costmodel.target import Target
+    from autocompress.costmodel.workload import get_workload
+    from autocompress.limits import Limits
+    from autocompress.verify import verify
+
+    base = json.loads(limits_file.read_text()) if limits_file else {}
+    given = dict(max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, max_e2e_ms=max_e2e_ms,
+                 min_throughput_tok_s=min_throughput, max_memory_gb=max_memory_gb)
+    limits = Limits(**{**base, **{k: v for k, v in given.items() if v is not None}})
+    parsed = Target.parse(target)
+    shape = get_workload(workload).with_overrides(isl=isl, osl=osl, batch=batch)
+    model_cost = CostModel.load(cost_model) if cost_model else None
+    report = verify(model, parsed, shape, limits, repeats=repeats, warmup=warmup,
+                    threads=threads, cost_model=model_cost)
+    if json_out:
+        tmp = json_out.with_name(json_out.name + f".{os.getpid()}.tmp")
+        tmp.write_text(report.model_dump_json(indent=1))
+        os.replace(tmp, json_out)
+    _print_verify(report)
+    if not report.ok:
+        sys.exit(1)
+
+
+def _print_verify(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    checks = {c.metric: c for c in report.checks}
+    table = Table(title=f"verify {report.model} on {report.target}, "
+                        f"workload {report.workload['name']}")
+    for column in ("metric", "measured", "± noise", "predicted", "limit", ""):
+        table.add_column(column, justify="right" if column not in ("metric", "") else "left")
+    for metric, value in report.measured.items():
+        predicted = (report.predicted or {}).get(metric)
+        check = checks.get(metric)
+        limit = "-"
+        if check is not None:
+            limit = f"{'≤' if check.direction == 'max' else '≥'} {check.limit:g}"
+        status = "" if check is None else ("[green]ok[/]" if check.ok else "[red]VIOLATED[/]")
+        table.add_row(metric, f"{value:.4g}", f"{report.noise.get(metric, 0):.2g}",
+                      "-" if predicted is None else f"{predicted:.4g}", limit, status)
+    console = Console()
+    console.print(table)
+    if report.prediction_note:
+        console.print(report.prediction_note)
+    console.print("[green]PASS[/]" if report.ok else
+                  f"[red]FAIL[/]: {', '.join(report.violations)} over the limit")

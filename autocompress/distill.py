@@ -1,0 +1,517 @@
+"""Knowledge distillation: a pruned student recovers by imitating its teacher.
+
+The loss follows Minitron (arXiv 2407.14679 / 2408.11796): forward KL from the
+teacher's to the student's next-token distribution, both softened by a
+temperature T and scaled by T² (so gradients keep their size as T changes).
+Logits only by default; ``alpha > 0`` adds a cosine loss between mapped hidden
+states, which helps students that lost many layers. When the student is
+narrower than the teacher, one shared learned linear map lifts its hidden
+states to the teacher's width (the projection is trained, then discarded).
+
+Training itself is ``autocompress.training.train``: AdamW, warmup + cosine,
+clipping, bf16 autocast, atomic checkpoints and exact resume, DDP/FSDP under
+``torchrun``. This module supplies the loss, the held-out evaluation, and the
+run directory layout:
+
+- ``out_dir`` — the final student (``save_pretrained`` + tokenizer +
+  ``distill.json``), published atomically when the run finishes;
+- ``work_dir`` (default ``<out_dir>.work``) — checkpoints and the run's config,
+  so an interrupted run resumes; removed after success unless asked to keep it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+
+from autocompress import distributed
+from autocompress.errors import AutoCompressError
+from autocompress.training import TrainConfig, TrainState, train
+
+# Config fields that may change when a run resumes: they do not alter the losses
+# (the global batch stays the same whatever the processes and accumulation).
+_RESUMABLE_CHANGES = {"eval_every", "eval_batches", "ckpt_every", "keep_checkpoints",
+                      "parallel", "grad_accum"}
+
+
+class DistillConfig(BaseModel):
+    """How long and how to distil; ``tokens`` / (``batch_size`` × ``seq_len``) = steps."""
+
+    tokens: int = Field(gt=0, description="Training token budget (student-side tokens).")
+    seq_len: int = Field(256, gt=1)
+    batch_size: int = Field(16, gt=0, description="Global sequences per optimizer step.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per step and process.")
+    lr: float = Field(1e-3, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    alpha: float = Field(0.0, ge=0, description="Weight of the hidden-state cosine loss.")
+    # Student hidden-state index -> teacher hidden-state index (HF numbering:
+    # 0 = embeddings, i = output of block i). None = spread evenly.
+    layer_map: dict[int, int] | None = None
+    eval_every: int = Field(0, ge=0, description="Steps between held-out evals; 0 = end only.")
+    eval_batches: int = Field(8, ge=1, description="Held-out batches (of batch_size) per eval.")
+    ckpt_every: int = Field(50, ge=1)
+    seed: int = 0
+    bf16: bool = True
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    keep_checkpoints: bool = False
+
+    @property
+    def steps(self) -> int:
+        return max(1, math.ceil(self.tokens / (self.batch_size * self.seq_len)))
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            max_steps=self.steps, lr=self.lr, min_lr_ratio=self.min_lr_ratio,
+            warmup_steps=min(self.warmup_steps, self.steps), weight_decay=self.weight_decay,
+            grad_clip=self.grad_clip, bf16=self.bf16, seed=self.seed,
+            ckpt_every=self.ckpt_every, eval_every=self.eval_every,
+            grad_accum=self.grad_accum, parallel=self.parallel,
+        )
+
+
+class BatchSource(Protocol):
+    """Deterministic training batches: batch number ``step`` is always the same."""
+
+    def batch_at(self, step: int, batch_size: int, seed: int = 0) -> torch.Tensor: ...
+
+
+class WindowBatches:
+    """Batches drawn from token windows already in memory ``LongTensor[N, T]``.
+
+    For data tokenized elsewhere (and for tests). Like ``PackedTokens``, batch
+    ``step`` is a pure function of ``(seed, step)``: a reshuffle every epoch.
+    """
+
+    def __init__(self, windows: torch.Tensor):
+        if windows.dim() != 2 or len(windows) == 0:
+            raise AutoCompressError("token windows must be a non-empty [N, seq_len] tensor")
+        self.windows = windows.long()
+        self._perms: dict[tuple[int, int], torch.Tensor] = {}
+
+    def batch_at(self, step: int, batch_size: int, seed: int = 0) -> torch.Tensor:
+        n = len(self.windows)
+        rows = []
+        for pos in range(step * batch_size, (step + 1) * batch_size):
+            epoch, idx = divmod(pos, n)
+            rows.append(int(self._permutation(seed, epoch)[idx]))
+        return self.windows[rows]
+
+    def _permutation(self, seed: int, epoch: int) -> torch.Tensor:
+        if (seed, epoch) not in self._perms:
+            self._perms = {}  # keep one epoch's order in memory
+            gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+            self._perms[(seed, epoch)] = torch.randperm(len(self.windows), generator=gen)
+        return self._perms[(seed, epoch)]
+
+
+@dataclass
+class DistillData:
+    """Training stream + fixed held-out windows ``LongTensor[N, seq_len]``."""
+
+    train: BatchSource
+    heldout: torch.Tensor | None = None
+
+    @classmethod
+    def from_corpus(cls, tokenizer, corpus_dir: Path, seq_len: int,
+                    heldout_windows: int = 64) -> DistillData:
+        """The corpus's train split and the first windows of its held-out split."""
+        from autocompress.data.tokens import PackedTokens
+
+        train_data = PackedTokens(tokenizer, corpus_dir, "train", seq_len)
+        heldout = PackedTokens(tokenizer, corpus_dir, "heldout", seq_len)
+        return cls(train=train_data, heldout=heldout.windows[:heldout_windows])
+
+
+class DistillResult(BaseModel):
+    """What a run did; also written to ``<out_dir>/distill.json``."""
+
+    out_dir: str
+    steps: int
+    tokens_seen: int
+    seconds: float
+    world_size: int
+    final_loss: float
+    teacher_eval: dict[str, float] = {}
+    initial_eval: dict[str, float] = {}
+    final_eval: dict[str, float] = {}
+    history: list[dict[str, float]]
+    evals: list[dict[str, float]]
+    layer_map: dict[int, int] = {}
+    config: dict
+
+
+# ---------------------------------------------------------------- losses
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+            temperature: float = 1.0) -> torch.Tensor:
+    """Forward KL(teacher ‖ student) per token, softened by T, scaled by T².
+
+    Computed in fp32 (bf16 softmax over a large vocabulary loses the tail).
+    """
+    t = temperature
+    vocab = student_logits.shape[-1]
+    log_q = F.log_softmax(student_logits.float().reshape(-1, vocab) / t, dim=-1)
+    log_p = F.log_softmax(teacher_logits.float().reshape(-1, vocab) / t, dim=-1)
+    kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    return kl * (t * t)
+
+
+def hidden_cosine_loss(student_hidden: list[torch.Tensor],
+                       teacher_hidden: list[torch.Tensor]) -> torch.Tensor:
+    """Mean over mapped pairs and tokens of ``1 − cos(h_student, h_teacher)``."""
+    losses = [
+        1 - F.cosine_similarity(s.float(), t.float(), dim=-1).mean()
+        for s, t in zip(student_hidden, teacher_hidden, strict=True)
+    ]
+    return torch.stack(losses).mean()
+
+
+def default_layer_map(student_layers: int, teacher_layers: int,
+                      source_layers: list[int] | None = None) -> dict[int, int]:
+    """Which teacher hidden state each student block's output should match.
+
+    Indices are into ``output_hidden_states`` (0 = embeddings, i = output of
+    block i). A pruned student records in ``config.source_layers`` the teacher
+    block each of its blocks came from: block i then matches that block's
+    output. Otherwise a student that kept the teacher's depth maps one to one,
+    and a shallower one is spread evenly (round(i·L_t/L_s)), last to last.
+    """
+    if source_layers and len(source_layers) == student_layers:
+        return {i + 1: int(src) + 1 for i, src in enumerate(source_layers)}
+    return {i: round(i * teacher_layers / student_layers) for i in range(1, student_layers + 1)}
+
+
+class DistillStudent(torch.nn.Module):
+    """The student plus the (optional) projection of its hidden states.
+
+    One module, so DDP/FSDP wrap and checkpoint both together. ``forward``
+    returns the logits and, when hidden states are distilled, the mapped and
+    projected student hidden states.
+    """
+
+    def __init__(self, student: torch.nn.Module, layer_map: dict[int, int] | None,
+                 teacher_hidden_size: int | None = None):
+        super().__init__()
+        self.student = student
+        self.layer_map = dict(layer_map or {})
+        width = student.config.hidden_size
+        self.projection = None
+        if self.layer_map and teacher_hidden_size and teacher_hidden_size != width:
+            self.projection = torch.nn.Linear(width, teacher_hidden_size, bias=False)
+            # Start from a copy of the identity on the shared channels: pruning
+            # kept the teacher's most important channels first.
+            with torch.no_grad():
+                self.projection.weight.zero_()
+                self.projection.weight[: min(width, teacher_hidden_size)].fill_diagonal_(1.0)
+
+    def forward(self, input_ids: torch.Tensor):
+        wants_hidden = bool(self.layer_map)
+        out = self.student(input_ids=input_ids, output_hidden_states=wants_hidden,
+                           use_cache=False)
+        if not wants_hidden:
+            return out.logits, None
+        hidden = [out.hidden_states[i] for i in self.layer_map]
+        if self.projection is not None:
+            hidden = [self.projection(h) for h in hidden]
+        return out.logits, hidden
+
+
+def make_loss_fn(teacher: torch.nn.Module, config: DistillConfig,
+                 layer_map: dict[int, int]) -> Callable:
+    """The training loss for ``training.train``: KD (+ α · hidden cosine)."""
+    teacher_indices = list(layer_map.values())
+
+    def loss_fn(engine: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            t_out = teacher(input_ids=batch, output_hidden_states=bool(layer_map),
+                            use_cache=False)
+        logits, hidden = engine(batch)
+        loss = kd_loss(logits, t_out.logits, config.temperature)
+        if layer_map:
+            t_hidden = [t_out.hidden_states[i] for i in teacher_indices]
+            loss = loss + config.alpha * hidden_cosine_loss(hidden, t_hidden)
+        return loss
+
+    return loss_fn
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def _lm_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    logits = logits[:, :-1].float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def _eval_batches(heldout: torch.Tensor | None, n: int, batch_size: int) -> list[torch.Tensor]:
+    if heldout is None:
+        return []
+    batches = [heldout[i * batch_size:(i + 1) * batch_size] for i in range(n)]
+    return [b for b in batches if len(b)]
+
+
+def make_eval_fn(teacher: torch.nn.Module, batches: list[torch.Tensor],
+                 device: torch.device) -> Callable[[torch.nn.Module], dict[str, float]]:
+    """Held-out student LM loss/perplexity and KL to the teacher (T = 1)."""
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        lm, kd = 0.0, 0.0
+        for batch in batches:
+            batch = batch.to(device)
+            logits, _ = model(batch)
+            t_logits = teacher(input_ids=batch, use_cache=False).logits
+            lm += float(_lm_loss(logits, batch))
+            kd += float(kd_loss(logits, t_logits))
+        n = max(1, len(batches))
+        return {"heldout_loss": lm / n, "heldout_ppl": math.exp(lm / n), "heldout_kd": kd / n}
+
+    return evaluate
+
+
+def teacher_eval(teacher: torch.nn.Module, batches: list[torch.Tensor],
+                 device: torch.device) -> dict[str, float]:
+    """The teacher's own held-out loss: the ceiling the student tries to reach."""
+    with torch.no_grad():
+        losses = [float(_lm_loss(teacher(input_ids=b.to(device), use_cache=False).logits,
+                                 b.to(device))) for b in batches]
+    loss = sum(losses) / max(1, len(losses))
+    return {"heldout_loss": loss, "heldout_ppl": math.exp(loss)} if losses else {}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def default_work_dir(out_dir: Path) -> Path:
+    """Checkpoints live next to the output: ``<out_dir>.work``."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + ".work")
+
+
+def distill(
+    teacher: torch.nn.Module,
+    student: torch.nn.Module,
+    data: DistillData,
+    config: DistillConfig,
+    out_dir: Path,
+    tokenizer=None,
+    resume: bool = False,
+    work_dir: Path | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> DistillResult:
+    """Distil ``teacher`` into ``student`` for ``config.tokens`` tokens.
+
+    Writes the final student to ``out_dir`` (with ``tokenizer`` if given and
+    ``distill.json``). With ``resume`` it continues the checkpoint in
+    ``work_dir`` exactly; without it an existing checkpoint is an error rather
+    than silently overwritten; resuming a run that already finished returns
+    its record. Under ``torchrun`` every rank calls this with the same
+    arguments; only rank 0 writes. ``on_step(step, loss)`` runs after every
+    optimizer step (tests interrupt runs from it).
+    """
+    ctx = distributed.context()
+    out_dir, work_dir = Path(out_dir), Path(work_dir or default_work_dir(out_dir))
+    _check_pair(teacher, student)
+    finished = _finished_run(out_dir, work_dir, config) if resume else None
+    if finished is not None:
+        return finished
+    _prepare_work_dir(work_dir, config, resume, ctx)
+
+    layer_map = _layer_map(teacher, student, config)
+    student_cls = type(student)
+    fsdp = ctx.enabled and config.parallel == "fsdp"
+    device = ctx.device if ctx.enabled else next(student.parameters()).device
+    module = DistillStudent(student, layer_map, teacher.config.hidden_size)
+    if not fsdp:  # FSDP moves shards to the device itself
+        module.to(device)
+    # The caller may use the teacher afterwards: give back its flags and mode.
+    trainable = [p.requires_grad for p in teacher.parameters()]
+    was_training = teacher.training
+    try:
+        state, reference = _run(teacher, module, data, config, work_dir, layer_map, device,
+                                fsdp, ctx, on_step)
+    finally:
+        for param, flag in zip(teacher.parameters(), trainable, strict=True):
+            param.requires_grad_(flag)
+        teacher.train(was_training)
+    result = _result(out_dir, state, config, layer_map, reference, ctx)
+    weights = _student_weights(module) if fsdp else None  # collective
+    if ctx.is_main:
+        # FSDP left the student's parameters sharded: rebuild a plain copy to save.
+        final = student_cls(student.config) if fsdp else student
+        _publish(out_dir, final, weights, tokenizer, result)
+        if not config.keep_checkpoints:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    distributed.barrier(ctx)
+    return result
+
+
+def _run(teacher, module, data: DistillData, config: DistillConfig, work_dir: Path,
+         layer_map: dict[int, int], device, fsdp: bool, ctx, on_step):
+    """Reference scores, then the training loop; returns (TrainState, reference)."""
+    teacher = _place_teacher(teacher, device, fsdp, ctx)
+    eval_batches = _eval_batches(data.heldout, config.eval_batches, config.batch_size)
+    eval_fn = make_eval_fn(teacher, eval_batches, device) if eval_batches else None
+    # The untrained student is scored before FSDP shards it only without FSDP.
+    reference = _reference_evals(work_dir, teacher, None if fsdp else module,
+                                 eval_batches, device, ctx)
+
+    state = train(
+        module, make_loss_fn(teacher, config, layer_map),
+        lambda step: data.train.batch_at(step, config.batch_size, config.seed),
+        config.train_config(), ckpt_dir=work_dir / "checkpoints", eval_fn=eval_fn,
+        on_step=on_step, tokens_per_step=config.batch_size * config.seq_len,
+        description="distill",
+    )
+    return state, reference
+
+
+def _finished_run(out_dir: Path, work_dir: Path, config: DistillConfig) -> DistillResult | None:
+    """The record of a run that already completed with these settings, if any."""
+    record = out_dir / "distill.json"
+    if (work_dir / "checkpoints" / "last").exists() or not record.exists():
+        return None
+    result = DistillResult.model_validate_json(record.read_text())
+    now = config.model_dump(mode="json")
+    same = all(result.config.get(k) == v for k, v in now.items() if k not in _RESUMABLE_CHANGES)
+    return result if same else None
+
+
+def _check_pair(teacher: torch.nn.Module, student: torch.nn.Module) -> None:
+    t_vocab, s_vocab = teacher.config.vocab_size, student.config.vocab_size
+    if t_vocab != s_vocab:
+        raise AutoCompressError(
+            f"teacher and student vocabularies differ ({t_vocab} vs {s_vocab} tokens)",
+            "distil a student pruned from this teacher (same tokenizer)",
+        )
+
+
+def _layer_map(teacher, student, config: DistillConfig) -> dict[int, int]:
+    """Which hidden states to match (empty when the cosine term is off)."""
+    if config.alpha == 0:
+        return {}
+    n_s, n_t = student.config.num_hidden_layers, teacher.config.num_hidden_layers
+    source = getattr(student.config, "source_layers", None)
+    layer_map = config.layer_map or default_layer_map(n_s, n_t, source)
+    bad = {s: t for s, t in layer_map.items() if not (0 <= s <= n_s and 0 <= t <= n_t)}
+    if bad:
+        raise AutoCompressError(
+            f"layer_map entries {bad} are out of range (student has {n_s} blocks, "
+            f"teacher {n_t}; indices count hidden states, 0 = embeddings)",
+            "fix --layer-map or leave it unset for an even spread",
+        )
+    return dict(sorted(layer_map.items()))
+
+
+def _place_teacher(teacher, device: torch.device, fsdp: bool, ctx) -> torch.nn.Module:
+    """Freeze the teacher and put it where the student's batches will be."""
+    teacher.eval()
+    teacher.requires_grad_(False)
+    if fsdp:
+        return distributed.shard(teacher, ctx)  # a teacher too big for one device
+    return teacher.to(device)
+
+
+def _prepare_work_dir(work_dir: Path, config: DistillConfig, resume: bool, ctx) -> None:
+    """Refuse to clobber or mis-resume a checkpoint; record the config."""
+    saved = work_dir / "distill_config.json"
+    has_ckpt = (work_dir / "checkpoints" / "last").exists()
+    if has_ckpt and not resume:
+        raise AutoCompressError(
+            f"{work_dir} holds a checkpoint of an earlier distillation run",
+            "pass --resume to continue it, or delete that folder to start over",
+        )
+    if has_ckpt and saved.exists():
+        before = json.loads(saved.read_text())
+        now = config.model_dump(mode="json")
+        changed = sorted(k for k in now if k not in _RESUMABLE_CHANGES
+                         and before.get(k) != now[k])
+        if changed:
+            raise AutoCompressError(
+                f"cannot resume {work_dir} with different settings: {', '.join(changed)}",
+                "resume with the original settings, or delete the folder to start over",
+            )
+    distributed.barrier(ctx)  # every rank has checked before rank 0 writes
+    if ctx.is_main:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(saved, config.model_dump(mode="json"))
+    distributed.barrier(ctx)
+
+
+def _reference_evals(work_dir: Path, teacher, module, batches, device, ctx) -> dict:
+    """Teacher and untrained-student held-out scores, computed once per run."""
+    path = work_dir / "reference_eval.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    if not batches:
+        return {"teacher": {}, "initial": {}}
+    reference = {"teacher": teacher_eval(teacher, batches, device), "initial": {}}
+    if module is not None:
+        module.eval()
+        with torch.no_grad():
+            reference["initial"] = make_eval_fn(teacher, batches, device)(module)
+        module.train()
+    if ctx.is_main:
+        _write_json(path, reference)
+    distributed.barrier(ctx)
+    return reference
+
+
+def _result(out_dir: Path, state: TrainState, config: DistillConfig,
+            layer_map: dict[int, int], reference: dict, ctx) -> DistillResult:
+    return DistillResult(
+        out_dir=str(out_dir), steps=state.step,
+        tokens_seen=state.step * config.batch_size * config.seq_len,
+        seconds=round(state.seconds, 3), world_size=ctx.world_size,
+        final_loss=state.history[-1]["loss"] if state.history else float("nan"),
+        teacher_eval=reference.get("teacher", {}), initial_eval=reference.get("initial", {}),
+        final_eval={k: v for k, v in (state.evals[-1] if state.evals else {}).items()
+                    if k != "step"},
+        history=state.history, evals=state.evals, layer_map=layer_map,
+        config=config.model_dump(mode="json"),
+    )
+
+
+def _student_weights(module: DistillStudent) -> dict[str, torch.Tensor]:
+    """The student's full weights (without the projection), on CPU."""
+    full = distributed.full_model_state(module)
+    prefix = "student."
+    return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
+
+
+def _publish(out_dir: Path, model, weights, tokenizer, result: DistillResult) -> None:
+    """Write the final student to a temp dir, then swap it in."""
+    if weights is not None:
+        model.load_state_dict(weights)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    _write_json(tmp / "distill.json", result.model_dump(mode="json"))
+    old = out_dir.with_name(out_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)

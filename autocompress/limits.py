@@ -1,0 +1,126 @@
+"""Deployment limits: the numbers a compressed model must meet on its target.
+
+One ``Limits`` object is shared by the search (checked against the cost model's
+*prediction*) and by ``verify`` (checked against *measurements*). Metric names
+are those of ``CostModel.predict`` / ``costmodel predict``: ``ttft_ms``,
+``tpot_ms``, ``e2e_ms``, ``throughput_tok_s``, ``memory_gb``.
+
+Every limit is optional; an unset limit is not checked. Latencies and memory are
+upper bounds (``max_*``), throughput is a lower bound (``min_*``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autocompress.errors import AutoCompressError
+
+# limit field -> (metric name, direction). "max": value must be <= limit.
+LIMIT_METRICS: dict[str, tuple[str, Literal["max", "min"]]] = {
+    "max_ttft_ms": ("ttft_ms", "max"),
+    "max_tpot_ms": ("tpot_ms", "max"),
+    "max_e2e_ms": ("e2e_ms", "max"),
+    "min_throughput_tok_s": ("throughput_tok_s", "min"),
+    "max_memory_gb": ("memory_gb", "max"),
+}
+
+METRICS: tuple[str, ...] = tuple(metric for metric, _ in LIMIT_METRICS.values())
+
+
+class LimitCheck(BaseModel):
+    """The outcome of comparing one metric with its limit."""
+
+    metric: str
+    direction: Literal["max", "min"]
+    limit: float
+    value: float
+    tolerance: float = 0.0
+    # How far inside the limit the value is, as a fraction of the limit
+    # (negative = violated). Handy for ranking candidates in the search.
+    margin: float
+    ok: bool
+
+
+class Limits(BaseModel):
+    """Upper bounds on latency/memory and a lower bound on throughput."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_ttft_ms: float | None = Field(None, gt=0, description="Time to first token, ms.")
+    max_tpot_ms: float | None = Field(None, gt=0, description="Time per output token, ms.")
+    max_e2e_ms: float | None = Field(None, gt=0, description="End-to-end request latency, ms.")
+    min_throughput_tok_s: float | None = Field(
+        None, gt=0, description="Generated tokens per second over all concurrent requests."
+    )
+    max_memory_gb: float | None = Field(None, gt=0, description="Peak memory, GB (1e9 bytes).")
+
+    def is_empty(self) -> bool:
+        """True when no limit is set (everything passes)."""
+        return all(getattr(self, name) is None for name in LIMIT_METRICS)
+
+    def by_metric(self) -> dict[str, float]:
+        """The set limits keyed by metric name, e.g. ``{"tpot_ms": 20.0}``."""
+        out = {}
+        for name, (metric, _) in LIMIT_METRICS.items():
+            value = getattr(self, name)
+            if value is not None:
+                out[metric] = float(value)
+        return out
+
+    def check(
+        self,
+        values: Mapping[str, float],
+        tolerance: Mapping[str, float] | None = None,
+    ) -> list[LimitCheck]:
+        """Compare ``values`` (metric name -> number) with every set limit.
+
+        ``tolerance`` (metric -> absolute amount, same unit) widens each limit:
+        a measured value passes when it is within the limit plus its
+        measurement noise. Pass nothing for an exact check of a prediction.
+        """
+        tolerance = tolerance or {}
+        checks = []
+        for name, (metric, direction) in LIMIT_METRICS.items():
+            limit = getattr(self, name)
+            if limit is None:
+                continue
+            if metric not in values or values[metric] is None:
+                raise AutoCompressError(
+                    f"limit {name} is set but no {metric} value was given",
+                    hint=f"provide {metric} or drop the {name} limit",
+                )
+            value = float(values[metric])
+            tol = max(0.0, float(tolerance.get(metric, 0.0)))
+            if direction == "max":
+                ok = value <= limit + tol
+                margin = (limit - value) / limit
+            else:
+                ok = value >= limit - tol
+                margin = (value - limit) / limit
+            checks.append(
+                LimitCheck(
+                    metric=metric, direction=direction, limit=float(limit), value=value,
+                    tolerance=tol, margin=margin, ok=ok,
+                )
+            )
+        return checks
+
+    def satisfied_by(
+        self, values: Mapping[str, float], tolerance: Mapping[str, float] | None = None
+    ) -> bool:
+        """True when every set limit holds for ``values``."""
+        return all(c.ok for c in self.check(values, tolerance))
+
+    def describe(self) -> str:
+        """Short human text, e.g. ``tpot_ms <= 20, memory_gb <= 8``."""
+        if self.is_empty():
+            return "no limits"
+        parts = []
+        for name, (metric, direction) in LIMIT_METRICS.items():
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{metric} {'<=' if direction == 'max' else '>='} {value:g}")
+        return ", ".join(parts)

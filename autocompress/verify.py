@@ -1,0 +1,202 @@
+"""Verification: does the compressed model meet its limits on the real target?
+
+The model is measured with THE measuring harness of the cost model
+(``costmodel.measure.measure_model``: the same prefill/decode loop, the same
+interleaving and robust statistics as cost-model fitting and validation), then
+compared with the limits and with the cost model's prediction for the same
+architecture, target and workload.
+
+Pass rule. A measured latency is a median of ``repeats`` runs on a shared,
+noisy machine, so a limit passes when it is met by the median *or lies within
+the median's 95% confidence interval*: ``median − noise ≤ limit`` (and
+``median + noise ≥ limit`` for throughput), with ``noise = 1.58 · IQR / √n``
+(the box-plot notch of McGill, Tukey & Larsen, 1978). End-to-end latency and
+throughput inherit the noise of TTFT and TPOT (propagated to first order).
+Memory is measured deterministically (to a few pages), so its noise is 0: a
+memory limit must be met exactly.
+
+Targets measured here: ``cpu-local/hf-eager/*`` on this CPU, and
+``<gpu>/hf-eager/*`` on the local CUDA device when there is one. Serving engines
+such as vLLM or TensorRT-LLM are not driven by this harness; verifying on them
+is an error with a hint rather than a silently wrong number.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, Field
+
+from autocompress.errors import AutoCompressError
+from autocompress.limits import LimitCheck, Limits
+
+# Box-plot notch: median ± 1.58·IQR/√n covers the median with ~95% confidence.
+NOTCH = 1.58
+RULE = ("pass when every limit holds for the median, or lies within its 95% confidence "
+        "interval (median ± 1.58·IQR/√n); memory has no noise allowance")
+
+_TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class VerifyReport(BaseModel):
+    """Measured vs limits vs predicted; the JSON of ``autocompress verify``."""
+
+    model: str
+    target: str
+    workload: dict
+    measured: dict[str, float]
+    predicted: dict[str, float] | None
+    limits: dict[str, float | None]
+    noise: dict[str, float]
+    ok: bool
+    checks: list[LimitCheck]
+    violations: list[str] = Field(description="Metrics whose limit is violated.")
+    prediction_error: dict[str, float] = Field(
+        default_factory=dict, description="(predicted − measured) / measured per metric."
+    )
+    prediction_note: str | None = None
+    cost_model: str | None = None
+    measurement: dict = Field(default_factory=dict, description="Quartiles, method, threads.")
+    rule: str = RULE
+
+
+def median_noise(stat) -> float:
+    """Half-width of the ~95% confidence interval of a median (box-plot notch)."""
+    return NOTCH * stat.iqr / math.sqrt(stat.n) if stat.n > 1 else 0.0
+
+
+def measurement_noise(measurement) -> dict[str, float]:
+    """Noise of every metric of a ``Measurement``, in the metric's own unit."""
+    ttft = median_noise(measurement.ttft_ms)
+    tpot = median_noise(measurement.tpot_ms)
+    steps = measurement.workload.decode_steps
+    tpot_median = measurement.tpot_ms.median
+    throughput = measurement.throughput_tok_s * tpot / tpot_median if tpot_median else 0.0
+    return {
+        "ttft_ms": ttft,
+        "tpot_ms": tpot,
+        "e2e_ms": math.hypot(ttft, steps * tpot),
+        "throughput_tok_s": throughput,
+        "memory_gb": 0.0,
+    }
+
+
+def measurement_device(target) -> torch.device:
+    """Where ``target`` is measured on this machine; raises when it cannot be."""
+    from autocompress.hardware import LOCAL_CPU
+
+    if target.engine.name != "hf-eager":
+        raise AutoCompressError(
+            f"cannot measure the {target.engine.name} engine here: verify drives "
+            "transformers (hf-eager) forward passes",
+            hint=f"verify with {target.hardware.name}/hf-eager/{target.dtype} on the machine "
+            "itself, or measure with the engine's own benchmark",
+        )
+    if target.dtype not in _TORCH_DTYPES:
+        raise AutoCompressError(f"dtype {target.dtype} cannot be measured with hf-eager",
+                                hint="use fp32, bf16 or fp16")
+    if target.hardware.name == LOCAL_CPU:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise AutoCompressError(
+            f"target {target.name} is a GPU, and this machine has none",
+            hint="run verify on a machine with that GPU, or use cpu-local/hf-eager/fp32",
+        )
+    return torch.device("cuda", 0)
+
+
+def verify(
+    model_dir: str | Path,
+    target,
+    workload,
+    limits: Limits,
+    repeats: int = 5,
+    warmup: int = 1,
+    threads: int | None = None,
+    seed: int = 0,
+    cost_model=None,
+) -> VerifyReport:
+    """Measure ``model_dir`` on ``target`` for ``workload`` and check ``limits``.
+
+    ``target`` / ``workload`` may be names (``cpu-local/hf-eager/fp32``,
+    ``interactive-cpu``) or objects. ``threads`` defaults to the thread count
+    the target's fitted cost model was measured with (else torch's current
+    setting), so measurement and prediction describe the same machine state.
+    ``cost_model`` defaults to ``CostModel.for_target(target)``.
+    """
+    from autocompress.costmodel.measure import measure_model
+    from autocompress.costmodel.model import CostModel
+    from autocompress.costmodel.target import Target
+    from autocompress.costmodel.workload import get_workload
+    from autocompress.modeling import arch_spec_of, load_causal_lm
+
+    target = Target.parse(target) if isinstance(target, str) else target
+    workload = get_workload(workload) if isinstance(workload, str) else workload
+    device = measurement_device(target)
+    cost_model = cost_model or CostModel.for_target(target)
+    if threads is None and cost_model.fit is not None:
+        threads = cost_model.fit.threads
+
+    model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
+                              with_tokenizer=False)
+    model.to(device)
+    spec = arch_spec_of(model)
+    predicted, note = _predict(cost_model, spec, workload)
+
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        measurement = measure_model(model, workload, repeats=repeats, warmup=warmup, seed=seed)
+    finally:
+        torch.set_num_threads(previous)
+
+    measured = measurement.metrics()
+    noise = measurement_noise(measurement)
+    checks = limits.check(measured, noise)
+    return VerifyReport(
+        model=str(model_dir), target=target.name, workload=workload.model_dump(mode="json"),
+        measured=measured, predicted=predicted, limits=limits.model_dump(), noise=noise,
+        ok=all(c.ok for c in checks), checks=checks,
+        violations=[c.metric for c in checks if not c.ok],
+        prediction_error=_relative_errors(predicted, measured),
+        prediction_note=note, cost_model=cost_model.version,
+        measurement=_measurement_detail(measurement),
+    )
+
+
+def _predict(cost_model, spec, workload) -> tuple[dict[str, float] | None, str | None]:
+    """The cost model's metrics, or None and why (verify still measures)."""
+    try:
+        prediction = cost_model.predict(spec, workload)
+    except AutoCompressError as err:
+        return None, f"no prediction: {err.message}"
+    metrics = prediction.metrics()
+    values = {k: float(metrics[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms",
+                                              "throughput_tok_s", "memory_gb")}
+    note = None
+    if not prediction.fits:
+        note = f"the cost model predicts it does not fit: {prediction.reason}"
+    return values, note
+
+
+def _relative_errors(predicted: dict | None, measured: dict[str, float]) -> dict[str, float]:
+    if not predicted:
+        return {}
+    return {k: (predicted[k] - v) / v for k, v in measured.items()
+            if k in predicted and v and math.isfinite(v) and math.isfinite(predicted[k])}
+
+
+def _measurement_detail(measurement) -> dict:
+    return {
+        "ttft_ms": measurement.ttft_ms.model_dump(),
+        "tpot_ms": measurement.tpot_ms.model_dump(),
+        "memory_method": measurement.memory_method,
+        "memory_detail": measurement.memory_detail,
+        "repeats": measurement.repeats,
+        "warmup": measurement.warmup,
+        "threads": measurement.threads,
+        "device": measurement.device,
+    }
