@@ -1,0 +1,232 @@
+"""CLI for the search area: `autocompress search` and `autocompress baseline minitron`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+TEACHER_HELP = "Teacher model directory (Llama, Mistral, Qwen2, Qwen3), or `default`."
+TARGET_HELP = (
+    "Deployment target HARDWARE/ENGINE[/DTYPE], e.g. cpu-local/hf-eager/fp32 or "
+    "h100-sxm/vllm/bf16 (`autocompress costmodel targets` lists them). A fitted cost model "
+    "is used when `autocompress costmodel fit` saved one, else the analytic one."
+)
+WORKLOAD_HELP = (
+    "Workload preset: local-coding-cpu, datacenter-cpu, interactive-cpu (measurable here) or "
+    "local-coding, datacenter, interactive (GPU scale)."
+)
+FRACTION_HELP = (
+    "Set a limit at this fraction of the teacher's predicted cost on the workload's main "
+    "metric (e.g. 0.5 = half the teacher's TPOT); combines with explicit limits."
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the main app."""
+    app.command("search")(search_command)
+    baseline = typer.Typer(help="Baseline architectures to compare the search against.",
+                           no_args_is_help=True)
+    baseline.command("minitron")(minitron_command)
+    app.add_typer(baseline, name="baseline")
+
+
+def _parse_count(text: str) -> int:
+    """``7000000``, ``7M``, ``750k``, ``1.5B`` -> an integer."""
+    from autocompress.errors import AutoCompressError
+
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    scale = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}.get(raw[-1:], 1.0)
+    try:
+        value = float(raw[:-1] if raw[-1:] in "kmbg" else raw) * scale
+    except ValueError:
+        raise AutoCompressError(f"cannot read parameter count {text!r}",
+                                hint="write e.g. 3500000, 3.5M or 800k") from None
+    if value < 1:
+        raise AutoCompressError(f"parameter count {text!r} must be positive")
+    return int(value)
+
+
+def _fractions(text: str) -> list[float]:
+    from autocompress.errors import AutoCompressError
+
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not 0 < v <= 1 for v in values):
+        raise AutoCompressError(f"cannot read fractions {text!r}",
+                                hint="write a comma list of numbers in (0, 1], e.g. 1,0.5")
+    return values
+
+
+def _limits(ttft, tpot, e2e, throughput, memory):
+    from autocompress.limits import Limits
+
+    return Limits(max_ttft_ms=ttft, max_tpot_ms=tpot, max_e2e_ms=e2e,
+                  min_throughput_tok_s=throughput, max_memory_gb=memory)
+
+
+def _print_result(report: dict, out: Path, what: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    arch = report["arch"]
+    table = Table(title=f"{what}: hidden {arch['hidden_size']}, {len(arch['layers'])} layers, "
+                  f"{report['params']:,} parameters (teacher {report['teacher_params']:,})")
+    for column in ("layer", "attention (q/kv heads)", "FFN width"):
+        table.add_column(column, justify="right")
+    for i, layer in enumerate(arch["layers"]):
+        att, ffn = layer["attention"], layer["ffn"]
+        table.add_row(str(i), f"{att['num_heads']}/{att['num_kv_heads']}" if att else "—",
+                      str(ffn["intermediate_size"]) if ffn else "—")
+    console.print(table)
+    predicted = report.get("predicted")
+    if predicted:
+        limits = Table(title=f"predicted on {report['target']} ({report['workload']['name']})")
+        for column in ("metric", "predicted", "teacher", "limit", "margin"):
+            limits.add_column(column, justify="right")
+        margins = report.get("margins", {})
+        teacher = report.get("teacher_predicted") or {}
+        bounds = {"ttft_ms": "max_ttft_ms", "tpot_ms": "max_tpot_ms", "e2e_ms": "max_e2e_ms",
+                  "throughput_tok_s": "min_throughput_tok_s", "memory_gb": "max_memory_gb"}
+        for metric, name in bounds.items():
+            limit = report.get("limits", {}).get(name)
+            margin = margins.get(metric)
+            limits.add_row(metric, f"{predicted[metric]:.4g}",
+                           f"{teacher[metric]:.4g}" if metric in teacher else "",
+                           f"{limit:.4g}" if limit is not None else "",
+                           f"{100 * margin:+.2f}%" if margin is not None else "")
+        console.print(limits)
+    console.print(f"wrote {out} and {out.with_name(out.stem + '.search.json')}")
+
+
+def search_command(
+    teacher: str = typer.Option(..., "--teacher", "-t", help=TEACHER_HELP),
+    target: str = typer.Option("cpu-local/hf-eager/fp32", "--target", help=TARGET_HELP),
+    workload: str = typer.Option("interactive-cpu", "--workload", "-w", help=WORKLOAD_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="ArchSpec JSON to write."),
+    max_ttft_ms: float | None = typer.Option(None, help="Time to first token limit (ms)."),
+    max_tpot_ms: float | None = typer.Option(None, help="Time per output token limit (ms)."),
+    max_e2e_ms: float | None = typer.Option(None, help="End-to-end request latency limit (ms)."),
+    min_throughput: float | None = typer.Option(
+        None, help="Generated tokens/s over all concurrent sequences (lower bound)."),
+    max_memory_gb: float | None = typer.Option(None, help="Peak memory limit (GB = 1e9 bytes)."),
+    budget_fraction: float | None = typer.Option(None, help=FRACTION_HELP),
+    importance: Path | None = typer.Option(
+        None, "--importance", "-i",
+        help="Importance file (`autocompress importance`); computed on calibration data if "
+        "omitted."),
+    data: Path | None = typer.Option(
+        None, "--data", help="Corpus directory (calibration split). Default: the stdlib corpus."),
+    steps: int = typer.Option(160, help="Search steps (one calibration batch each)."),
+    batch_size: int = typer.Option(4, help="Sequences per search step."),
+    seq_len: int = typer.Option(128, help="Tokens per sequence in the search."),
+    score: str = typer.Option(
+        "measured", help="Repair scores: `measured` (KL change of each single option around "
+        "the search's argmax) or `probability` (the search's log-probabilities)."),
+    granularity: int = typer.Option(16, help="Hidden sizes and FFN widths are multiples of this."),
+    ffn_granularity: int | None = typer.Option(
+        None, help="FFN widths are multiples of this instead (256 for the nemotron-nas "
+        "ffn_mult export)."),
+    head_fractions: str = typer.Option(
+        "1,0.75,0.5,0.25",
+        help="Query heads kept per KV head, as fractions of its cluster (comma list). `1` keeps "
+        "every query head and only varies KV groups (exportable to nemotron-nas)."),
+    protect_first_last: bool = typer.Option(
+        True, "--protect-first-last/--no-protect-first-last",
+        help="Keep both blocks of the first and last layers."),
+    work_dir: Path | None = typer.Option(
+        None, help="Checkpoint directory; an interrupted search resumes from it. "
+        "Default: .<out stem>.search-work beside --out."),
+    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
+    seed: int = typer.Option(0, help="Seed of the Gumbel noise and the batch order."),
+) -> None:
+    """Search the architecture that keeps the most quality within the limits on a target.
+
+    Differentiable search (Gumbel-softmax over nested-importance masks of the teacher, KL to
+    the teacher + augmented Lagrangian on the cost model's expected costs), then an exact
+    repair: the written ArchSpec meets every limit under the cost model. Also writes
+    <stem>.search.json (predicted costs, margins), <stem>.trajectory.json and .png.
+    Prune it with `autocompress prune --arch`.
+    """
+    from autocompress.errors import AutoCompressError
+    from autocompress.search.dnas import DNASConfig
+    from autocompress.search.run import SearchConfig, SearchContext, search_to_file
+    from autocompress.search.space import SpaceConfig
+
+    if score not in ("measured", "probability"):
+        raise AutoCompressError(f"unknown --score {score!r}", hint="use measured or probability")
+    config = SearchConfig(
+        space=SpaceConfig(granularity=granularity, ffn_granularity=ffn_granularity,
+                          head_fractions=_fractions(head_fractions),
+                          protect_first_last=protect_first_last),
+        dnas=DNASConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed),
+        score=score, threads=threads,
+    )
+    ctx = SearchContext.build(teacher, target, workload, config, importance=importance,
+                              corpus_dir=data)
+    limits = ctx.resolve_limits(
+        _limits(max_ttft_ms, max_tpot_ms, max_e2e_ms, min_throughput, max_memory_gb),
+        budget_fraction)
+    report = search_to_file(ctx, limits, out, config, work_dir=work_dir)
+    _print_result(report, out, "searched architecture")
+
+
+def minitron_command(
+    teacher: str = typer.Option(..., "--teacher", "-t", help=TEACHER_HELP),
+    out: Path = typer.Option(..., "--out", "-o", help="ArchSpec JSON to write."),
+    params: str | None = typer.Option(
+        None, "--params", help="Parameter target, e.g. 3.5M (ModelOpt-style Minitron)."),
+    match_target: str | None = typer.Option(
+        None, "--match-target",
+        help="Matched mode: the largest homogeneous model meeting the limits on this target "
+        "(" + TARGET_HELP + ")"),
+    workload: str | None = typer.Option(None, "--workload", "-w", help=WORKLOAD_HELP),
+    max_ttft_ms: float | None = typer.Option(None, help="Time to first token limit (ms)."),
+    max_tpot_ms: float | None = typer.Option(None, help="Time per output token limit (ms)."),
+    max_e2e_ms: float | None = typer.Option(None, help="End-to-end request latency limit (ms)."),
+    min_throughput: float | None = typer.Option(
+        None, help="Generated tokens/s over all concurrent sequences (lower bound)."),
+    max_memory_gb: float | None = typer.Option(None, help="Peak memory limit (GB = 1e9 bytes)."),
+    budget_fraction: float | None = typer.Option(None, help=FRACTION_HELP),
+    importance: Path | None = typer.Option(
+        None, "--importance", "-i", help="Importance file; computed if omitted."),
+    data: Path | None = typer.Option(
+        None, "--data", help="Corpus directory (calibration split). Default: the stdlib corpus."),
+    max_depth_drop: int = typer.Option(2, help="Most layers Minitron may drop (0 = width only)."),
+    top_k: int = typer.Option(
+        8, help="Candidates closest to the parameter target that are scored by calibration KL."),
+    granularity: int = typer.Option(16, help="Hidden sizes and FFN widths are multiples of this."),
+) -> None:
+    """Minitron baseline: homogeneous pruning (same width/heads in every layer, optional depth).
+
+    --params N picks, among the homogeneous candidates with at most N parameters, the top-k
+    closest to N and keeps the one with the lowest KL to the teacher on calibration data
+    (the ModelOpt procedure). --match-target T --workload W with limits picks the parameter
+    target so that the homogeneous model just meets the same limits under the cost model: the
+    fair hardware-matched comparison for `autocompress search`.
+    """
+    from autocompress.errors import AutoCompressError
+    from autocompress.search.minitron import MinitronConfig
+    from autocompress.search.run import SearchConfig, SearchContext, minitron_to_file
+    from autocompress.search.space import SpaceConfig
+
+    if (params is None) == (match_target is None):
+        raise AutoCompressError("give exactly one of --params and --match-target",
+                                hint="--params 3.5M, or --match-target T --workload W --max-...")
+    if match_target is not None and workload is None:
+        raise AutoCompressError("--match-target needs --workload", hint=WORKLOAD_HELP)
+    config = SearchConfig(space=SpaceConfig(granularity=granularity),
+                          minitron=MinitronConfig(max_depth_drop=max_depth_drop, top_k=top_k))
+    ctx = SearchContext.build(teacher, match_target, workload if match_target else None, config,
+                              importance=importance, corpus_dir=data)
+    if params is not None:
+        report = minitron_to_file(ctx, out, params=_parse_count(params), config=config)
+    else:
+        limits = ctx.resolve_limits(
+            _limits(max_ttft_ms, max_tpot_ms, max_e2e_ms, min_throughput, max_memory_gb),
+            budget_fraction)
+        report = minitron_to_file(ctx, out, limits=limits, config=config)
+    _print_result(report, out, f"Minitron ({report['mode']})")

@@ -1,0 +1,394 @@
+"""Discretize + repair: one architecture that meets every budget *exactly*.
+
+The search ends with probabilities; their argmax (the *anchor*) is close to
+the budgets but meets them only in expectation. Repair turns it into a legal
+choice whose cost under the cost model's tables — equal to ``CostModel.predict``
+— is within every budget, then spends the leftover slack:
+
+1. per-option **scores** (lower is better, additive over choices): either the
+   measured loss change ``KL(teacher ‖ anchor with one choice changed) −
+   KL(teacher ‖ anchor)`` on calibration batches (``measured_scores``), or the
+   negative log-probabilities of the search (``probability_scores``);
+2. for every hidden size, **greedy repair**: while a budget is violated, apply
+   the single block change with the smallest score increase per unit of
+   violation removed (relative violations ``max(0, cost/budget − 1)`` summed);
+3. **slack filling**: while some single change improves the score and stays
+   within every budget, apply the one with the best score gain per unit of
+   budget it uses; then **pair exchanges** (one block up, one down) that
+   improve the score and stay feasible;
+4. the best hidden size wins. If no choice in the space meets the budgets,
+   ``AutoCompressError`` states the smallest reachable value of each budget.
+
+Every candidate's cost is evaluated exactly from the tables (the memory peak
+included), and the result is checked once more with ``CostModel.predict``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from autocompress.arch import LayerSpec
+from autocompress.search.space import Choice, SearchSpace
+
+EPS = 1e-12
+
+
+# --------------------------------------------------------------- cost tables
+
+
+class CostTables:
+    """Numpy view of ``AdditiveCosts`` for fast exact evaluation of discrete choices."""
+
+    def __init__(self, costs, metrics: list[str]):
+        self.costs = costs
+        self.metrics = list(metrics)
+        self.const = {m: costs.const[m].numpy() for m in metrics}
+        self.attention = {m: costs.attention[m].numpy() for m in metrics}
+        self.ffn = {m: costs.ffn[m].numpy() for m in metrics}
+        self.num_layers = costs.num_layers
+
+    def evaluate(self, choice: Choice) -> dict[str, float]:
+        """Exact cost of ``choice`` per metric (equals ``AdditiveCosts.discrete``).
+
+        Latencies are sums over the tables; memory (whose activation peak is not a
+        sum) is delegated to the cost model's own one-hot evaluation.
+        """
+        layers = np.arange(self.num_layers)
+        a, f, h = np.asarray(choice.attention), np.asarray(choice.ffn), choice.hidden
+        out = {}
+        for m in self.metrics:
+            if m == "memory_gb":
+                out[m] = self.costs.discrete(list(choice.attention), list(choice.ffn),
+                                             choice.hidden)[m]
+                continue
+            out[m] = float(self.const[m][h] + self.attention[m][layers, a, h].sum()
+                           + self.ffn[m][layers, f, h].sum())
+        return out
+
+
+def violation(costs: dict[str, float], budgets: dict[str, float]) -> float:
+    """Sum of relative excesses ``max(0, cost/budget − 1)``."""
+    return sum(max(0.0, costs[m] / b - 1.0) for m, b in budgets.items())
+
+
+def feasible(costs: dict[str, float], budgets: dict[str, float]) -> bool:
+    return all(costs[m] <= b for m, b in budgets.items())
+
+
+# -------------------------------------------------------------------- scores
+
+
+@dataclass
+class Scores:
+    """Additive per-option scores (lower = better; inf = not allowed)."""
+
+    hidden: np.ndarray  # [H]
+    attention: np.ndarray  # [L, Ka]
+    ffn: np.ndarray  # [L, Kf]
+    source: str = ""
+
+    def total(self, choice: Choice) -> float:
+        layers = np.arange(len(choice.attention))
+        return float(self.hidden[choice.hidden]
+                     + self.attention[layers, np.asarray(choice.attention)].sum()
+                     + self.ffn[layers, np.asarray(choice.ffn)].sum())
+
+    def block(self, kind: str) -> np.ndarray:
+        return self.attention if kind == "attention" else self.ffn
+
+
+def _forbid(space: SearchSpace, attention: np.ndarray, ffn: np.ndarray):
+    attention = np.where(space.allowed_attention.numpy(), attention, np.inf)
+    ffn = np.where(space.allowed_ffn.numpy(), ffn, np.inf)
+    return attention, ffn
+
+
+def probability_scores(space: SearchSpace, probabilities) -> Scores:
+    """``−log p`` of each option under the search's final distribution."""
+    p_h, p_a, p_f = (p.detach().double().clamp_min(1e-30).log().neg().numpy()
+                     for p in probabilities)
+    p_a, p_f = _forbid(space, p_a, p_f)
+    return Scores(p_h, p_a, p_f, source="probability")
+
+
+@torch.no_grad()
+def teacher_logits(model, batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [model(input_ids=b).logits for b in batches]
+
+
+@torch.no_grad()
+def choice_kl(masked, choice: Choice, batches: list[torch.Tensor],
+              reference: list[torch.Tensor]) -> float:
+    """Mean KL(teacher ‖ choice) over the batches (nats per token)."""
+    total = 0.0
+    for batch, ref in zip(batches, reference, strict=True):
+        logits = masked.forward_choice(batch, choice)
+        t = F.log_softmax(ref[:, :-1].float(), -1)
+        s = F.log_softmax(logits[:, :-1].float(), -1)
+        total += float((t.exp() * (t - s)).sum(-1).mean())
+    return total / len(batches)
+
+
+def _neighbourhood(space: SearchSpace, kind: str, layer: int, anchor: int,
+                   radius: int | None) -> list[int]:
+    """Allowed options within ``radius`` size ranks of the anchor's (plus the no-op)."""
+    options = space.attention_options if kind == "attention" else space.ffn_options
+    allowed = space.allowed_attention if kind == "attention" else space.allowed_ffn
+    candidates = [k for k in range(len(options)) if bool(allowed[layer, k]) and k != anchor]
+    if radius is None:
+        return candidates
+    teacher = space.teacher
+    sizes = [teacher.attention_params(LayerSpec(attention=o)) if kind == "attention"
+             else teacher.ffn_params(LayerSpec(ffn=o)) for o in options]
+    ranked = sorted(range(len(options)), key=lambda k: (-sizes[k], k))
+    pos = ranked.index(anchor)
+    near = set(ranked[max(0, pos - radius): pos + radius + 1])
+    return [k for k in candidates if k in near or options[k] is None]
+
+
+def measured_scores(masked, anchor: Choice, batches: list[torch.Tensor],
+                    radius: int | None = 2, progress=None) -> Scores:
+    """Loss change of single-option changes from ``anchor`` (the anchor scores 0).
+
+    Only options within ``radius`` size ranks of the anchor's (and the no-op) are
+    measured; the others score inf, so repair stays in a neighbourhood of the
+    search's answer (None measures every option).
+    """
+    space = masked.space
+    reference = teacher_logits(masked.model, batches)
+    base = choice_kl(masked, anchor, batches, reference)
+    hidden = np.zeros(len(space.hidden_options))
+    attention = np.full((space.num_layers, len(space.attention_options)), np.inf)
+    ffn = np.full((space.num_layers, len(space.ffn_options)), np.inf)
+    jobs = measured_job_list(space, anchor, radius)
+    for kind, layer, k in jobs:
+        cand = Choice(k, anchor.attention, anchor.ffn) if kind == "hidden" \
+            else anchor.replace_block(kind, layer, k)
+        value = np.inf
+        if kind == "hidden" or space.is_legal(cand):
+            value = choice_kl(masked, cand, batches, reference) - base
+        if kind == "hidden":
+            hidden[k] = value
+        else:
+            (attention if kind == "attention" else ffn)[layer, k] = value
+        if progress is not None:
+            progress()
+    for layer in range(space.num_layers):
+        attention[layer, anchor.attention[layer]] = 0.0
+        ffn[layer, anchor.ffn[layer]] = 0.0
+    attention, ffn = _forbid(space, attention, ffn)
+    scores = Scores(hidden, attention, ffn, source="measured")
+    scores.anchor_kl = base  # type: ignore[attr-defined]
+    return scores
+
+
+def measured_job_list(space: SearchSpace, anchor: Choice,
+                      radius: int | None) -> list[tuple[str, int, int]]:
+    """The (kind, layer, option) evaluations ``measured_scores`` runs."""
+    jobs = [("hidden", 0, h) for h in range(len(space.hidden_options)) if h != anchor.hidden]
+    for layer in range(space.num_layers):
+        for kind, current in (("attention", anchor.attention[layer]),
+                              ("ffn", anchor.ffn[layer])):
+            jobs += [(kind, layer, k)
+                     for k in _neighbourhood(space, kind, layer, current, radius)]
+    return jobs
+
+
+# -------------------------------------------------------------------- repair
+
+
+@dataclass
+class Discretized:
+    """The repaired architecture and how it was reached."""
+
+    choice: Choice
+    costs: dict[str, float]
+    score: float
+    anchor: Choice
+    anchor_costs: dict[str, float]
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    per_hidden: list[dict[str, Any]] = field(default_factory=list)
+    score_source: str = ""
+
+
+def _moves(space: SearchSpace, choice: Choice) -> list[tuple[str, int, int]]:
+    moves = []
+    for layer in range(space.num_layers):
+        for k in range(len(space.attention_options)):
+            if k != choice.attention[layer] and bool(space.allowed_attention[layer, k]):
+                moves.append(("attention", layer, k))
+        for k in range(len(space.ffn_options)):
+            if k != choice.ffn[layer] and bool(space.allowed_ffn[layer, k]):
+                moves.append(("ffn", layer, k))
+    return moves
+
+
+def _apply(choice: Choice, move: tuple[str, int, int]) -> Choice:
+    kind, layer, k = move
+    return choice.replace_block(kind, layer, k)
+
+
+def _delta_score(scores: Scores, choice: Choice, move) -> float:
+    kind, layer, k = move
+    table = scores.block(kind)
+    return float(table[layer, k] - table[layer, getattr(choice, kind)[layer]])
+
+
+def _restore_feasibility(space, tables, scores, budgets, choice, log):
+    """Greedy: cheapest score increase per unit of violation removed."""
+    current = tables.evaluate(choice)
+    while violation(current, budgets) > 0:
+        best, best_key, best_costs = None, np.inf, None
+        v0 = violation(current, budgets)
+        for move in _moves(space, choice):
+            cand = _apply(choice, move)
+            if not space.is_legal(cand):
+                continue
+            cand_costs = tables.evaluate(cand)
+            removed = v0 - violation(cand_costs, budgets)
+            if removed <= EPS:
+                continue
+            ds = _delta_score(scores, choice, move)
+            if not np.isfinite(ds):
+                continue
+            key = ds / removed if ds > 0 else ds - 1e6  # free improvements first
+            if key < best_key:
+                best, best_key, best_costs = move, key, cand_costs
+        if best is None:
+            return None, current
+        choice, current = _apply(choice, best), best_costs
+        log.append({"phase": "repair", "move": list(best)})
+    return choice, current
+
+
+def _fill_slack(space, tables, scores, budgets, choice, current, log):
+    """Greedy: best score gain per unit of budget used, staying feasible."""
+    while True:
+        best, best_key, best_costs = None, 0.0, None
+        for move in _moves(space, choice):
+            ds = _delta_score(scores, choice, move)
+            if not ds < -EPS:
+                continue
+            cand = _apply(choice, move)
+            if not space.is_legal(cand):
+                continue
+            cand_costs = tables.evaluate(cand)
+            if not feasible(cand_costs, budgets):
+                continue
+            used = sum(max(0.0, (cand_costs[m] - current[m]) / b) for m, b in budgets.items())
+            key = -ds / (used + 1e-9)
+            if key > best_key:
+                best, best_key, best_costs = move, key, cand_costs
+        if best is None:
+            return choice, current
+        choice, current = _apply(choice, best), best_costs
+        log.append({"phase": "slack", "move": list(best)})
+
+
+def _pair_exchanges(space, tables, scores, budgets, choice, current, log, max_rounds=50):
+    """Apply improving (block up, other block down) pairs that stay feasible."""
+    for _ in range(max_rounds):
+        moves = _moves(space, choice)
+        ds = np.array([_delta_score(scores, choice, m) for m in moves])
+        finite = np.isfinite(ds)
+        moves = [m for m, ok in zip(moves, finite, strict=True) if ok]
+        ds = ds[finite]
+        if len(moves) < 2:
+            return choice, current
+        metrics = list(budgets)
+        deltas = np.array([[tables.evaluate(_apply(choice, m))[k] - current[k] for k in metrics]
+                           for m in moves])
+        block = [(m[0], m[1]) for m in moves]
+        pair_ds = ds[:, None] + ds[None, :]
+        same_block = np.array([[bi == bj for bj in block] for bi in block])
+        pair_ds[same_block] = np.inf
+        pair_ds[np.tril_indices(len(moves))] = np.inf
+        slack = np.array([budgets[k] - current[k] for k in metrics])
+        # Additive estimate of the pair's cost change (memory's peak is re-checked exactly).
+        ok = ((deltas[:, None, :] + deltas[None, :, :]) <= slack + 1e-12).all(-1)
+        pair_ds[~ok] = np.inf
+        improved = False
+        for flat in np.argsort(pair_ds, axis=None)[:64]:
+            i, j = np.unravel_index(flat, pair_ds.shape)
+            if not pair_ds[i, j] < -EPS:
+                break
+            cand = _apply(_apply(choice, moves[i]), moves[j])
+            if not space.is_legal(cand):
+                continue
+            cand_costs = tables.evaluate(cand)
+            if feasible(cand_costs, budgets):
+                choice, current = cand, cand_costs
+                log.append({"phase": "exchange", "move": [list(moves[i]), list(moves[j])]})
+                improved = True
+                break
+        if not improved:
+            return choice, current
+        choice, current = _fill_slack(space, tables, scores, budgets, choice, current, log)
+    return choice, current
+
+
+def repair(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
+           scores: Scores) -> Discretized:
+    """The best feasible choice found from ``anchor`` over every hidden size."""
+    tables = CostTables(costs, list(budgets))
+    best: Discretized | None = None
+    per_hidden = []
+    for h in range(len(space.hidden_options)):
+        if not np.isfinite(scores.hidden[h]):
+            continue
+        log: list[dict[str, Any]] = []
+        start = Choice(h, anchor.attention, anchor.ffn)
+        if not space.is_legal(start):
+            start = _legalize(space, start)
+        choice, current = _restore_feasibility(space, tables, scores, budgets, start, log)
+        if choice is None:
+            per_hidden.append({"hidden": space.hidden_options[h], "feasible": False})
+            continue
+        choice, current = _fill_slack(space, tables, scores, budgets, choice, current, log)
+        choice, current = _pair_exchanges(space, tables, scores, budgets, choice, current, log)
+        total = scores.total(choice)
+        per_hidden.append({"hidden": space.hidden_options[h], "feasible": True,
+                           "score": total, "changes": len(log)})
+        if best is None or total < best.score:
+            best = Discretized(choice=choice, costs=current, score=total, anchor=anchor,
+                               anchor_costs=tables.evaluate(anchor), changes=log,
+                               score_source=scores.source)
+    if best is None:
+        return None  # type: ignore[return-value]
+    best.per_hidden = per_hidden
+    return best
+
+
+def _legalize(space: SearchSpace, choice: Choice) -> Choice:
+    """Give a choice with no attention block its first layer's smallest attention."""
+    smallest = len(space.attention_options) - 2
+    return choice.replace_block("attention", 0, max(0, smallest))
+
+
+# -------------------------------------------------------------- infeasibility
+
+
+def smallest_reachable(space: SearchSpace, costs, metrics: list[str]) -> dict[str, float]:
+    """Per metric, the smallest value any legal choice of the space reaches."""
+    tables = CostTables(costs, metrics)
+    out = {}
+    for m in metrics:
+        best = np.inf
+        for h in range(len(space.hidden_options)):
+            att = np.where(space.allowed_attention.numpy(), tables.attention[m][:, :, h], np.inf)
+            ffn = np.where(space.allowed_ffn.numpy(), tables.ffn[m][:, :, h], np.inf)
+            a = [int(i) for i in att.argmin(1)]
+            f = [int(i) for i in ffn.argmin(1)]
+            choice = Choice(h, tuple(a), tuple(f))
+            if not space.is_legal(choice):  # keep the cheapest attention block somewhere
+                kept = att[:, :-1]
+                layer = int(kept.min(1).argmin())
+                choice = choice.replace_block("attention", layer, int(kept[layer].argmin()))
+            best = min(best, tables.evaluate(choice)[m])
+        out[m] = float(best)
+    return out

@@ -1,0 +1,393 @@
+"""Differentiable architecture search under cost constraints (DESIGN §6).
+
+Each choice (global hidden size; per layer attention option and FFN option)
+has a vector of architecture logits ``α``. One search step:
+
+1. draws a hard Gumbel-softmax sample of every choice (straight-through: the
+   forward uses the one-hot sample, the backward the relaxed soft sample at
+   temperature ``τ``, annealed geometrically from ``tau_start`` to ``tau_end``);
+2. runs the masked teacher (``MaskedTeacher``) with those samples and measures
+   ``KL(teacher ‖ student)`` on next-token distributions (+ optionally a hidden
+   state term, ``1 − cos`` of the final normed hidden states);
+3. adds the augmented Lagrangian of every limit c: with p = softmax(α) and
+   ``g_c = E_p[cost_c] / budget_c − 1`` (exact and differentiable: the cost
+   model is additive over blocks), the penalty is
+   ``(max(0, λ_c + ρ·g_c)² − λ_c²) / (2ρ)`` — that is ``λ_c·g_c + ρ/2·g_c²``
+   while the limit is violated or λ_c > 0 (Powell–Hestenes–Rockafellar form);
+4. takes an Adam step on α and a dual step ``λ_c ← max(0, λ_c + ρ·g_c)``
+   (λ rises while a limit is violated and relaxes back toward 0 once it holds).
+
+Everything a step uses is a pure function of ``(seed, step)`` (the batch and
+the Gumbel noise), so a run resumed from a checkpoint follows exactly the
+trajectory of an uninterrupted one. To save a third of the work, the search
+cycles over ``teacher_cache`` calibration batches whose teacher logits are
+computed once (the ~150 architecture logits do not overfit a few thousand
+tokens; set 0 for a fresh batch every step). Checkpoints (α, Adam state, λ, trajectory)
+are written atomically every ``checkpoint_every`` steps.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from autocompress.errors import AutoCompressError
+from autocompress.search.masked import MaskedTeacher
+from autocompress.search.space import Choice, SearchSpace
+
+BatchFn = Callable[[int], torch.Tensor]
+NEG = -1e9  # logit of a forbidden option
+CHECKPOINT_NAME = "dnas-state.pt"
+
+
+class DNASConfig(BaseModel):
+    """Hyper-parameters of the search (defaults sized for a ~7M-parameter teacher on 2 cores)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=160, ge=1, description="Search steps (one batch each).")
+    batch_size: int = Field(default=4, ge=1, description="Calibration sequences per step.")
+    seq_len: int = Field(default=128, ge=2, description="Tokens per sequence.")
+    lr: float = Field(default=0.1, gt=0, description="Adam learning rate on the logits α.")
+    tau_start: float = Field(default=1.0, gt=0, description="Gumbel temperature at step 0.")
+    tau_end: float = Field(default=0.1, gt=0, description="Gumbel temperature at the end.")
+    rho: float = Field(default=2.0, gt=0, description="Penalty weight and dual step size.")
+    init_bias: float = Field(
+        default=0.0,
+        description="Initial logit bonus per unit of kept fraction (>0 starts near the "
+        "teacher, 0 = uniform).",
+    )
+    hidden_weight: float = Field(
+        default=0.0, ge=0, description="Weight of the hidden-state term (1 - cos)."
+    )
+    teacher_cache: int = Field(
+        default=24, ge=0,
+        description="Cycle over this many calibration batches whose teacher outputs are "
+        "computed once (fp16); 0 = a fresh batch and teacher forward every step.",
+    )
+    checkpoint_every: int = Field(default=20, ge=1, description="Steps between checkpoints.")
+    seed: int = 0
+
+
+class DNASState(BaseModel):
+    """What a checkpoint restores besides tensors (JSON-able)."""
+
+    step: int = 0
+    lambdas: dict[str, float] = Field(default_factory=dict)
+    trajectory: list[dict[str, Any]] = Field(default_factory=list)
+    seconds: float = 0.0
+    cpu_seconds: float = Field(default=0.0, description="Process CPU time (all threads).")
+
+
+@dataclass
+class DNASResult:
+    """Final logits and the recorded trajectory."""
+
+    alpha_hidden: torch.Tensor
+    alpha_attention: torch.Tensor
+    alpha_ffn: torch.Tensor
+    lambdas: dict[str, float]
+    trajectory: list[dict[str, Any]]
+    seconds: float
+    completed: bool
+    cpu_seconds: float = 0.0
+    budgets: dict[str, float] = field(default_factory=dict)
+
+    def probabilities(self, space: SearchSpace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _probabilities(space, self.alpha_hidden, self.alpha_attention, self.alpha_ffn)
+
+    def argmax_choice(self, space: SearchSpace) -> Choice:
+        """The most likely option of every choice, made legal if it is not."""
+        p_h, p_a, p_f = self.probabilities(space)
+        choice = Choice(
+            int(p_h.argmax()),
+            tuple(int(i) for i in p_a.argmax(1)),
+            tuple(int(i) for i in p_f.argmax(1)),
+        )
+        if not space.is_legal(choice):  # every attention block removed: keep the likeliest
+            keep = p_a[:, :-1].max(1).values.argmax()
+            choice = choice.replace_block("attention", int(keep), int(p_a[keep, :-1].argmax()))
+        return choice
+
+
+def _masked_logits(alpha: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    return alpha.masked_fill(~allowed, NEG)
+
+
+def _probabilities(space: SearchSpace, a_h, a_a, a_f):
+    return (
+        F.softmax(a_h, dim=-1),
+        F.softmax(_masked_logits(a_a, space.allowed_attention), dim=-1),
+        F.softmax(_masked_logits(a_f, space.allowed_ffn), dim=-1),
+    )
+
+
+def _straight_through(logits: torch.Tensor, tau: float, generator: torch.Generator):
+    """Hard one-hot Gumbel sample in the forward, soft sample's gradient in the backward."""
+    uniform = torch.rand(logits.shape, generator=generator).clamp_(1e-10, 1.0 - 1e-10)
+    gumbel = -torch.log(-torch.log(uniform))
+    soft = F.softmax((logits + gumbel) / tau, dim=-1)
+    hard = F.one_hot(soft.argmax(-1), logits.shape[-1]).to(soft.dtype)
+    return hard + (soft - soft.detach())
+
+
+def _initial_logits(space: SearchSpace, bias: float):
+    """Zero logits, plus ``bias`` × kept fraction of each option when bias ≠ 0."""
+    teacher = space.teacher.layers[0]
+    hidden = torch.tensor([h / space.teacher.hidden_size for h in space.hidden_options])
+    att = torch.tensor([
+        0.0 if o is None else o.num_heads / teacher.attention.num_heads
+        for o in space.attention_options
+    ])
+    ffn = torch.tensor([
+        0.0 if o is None else o.intermediate_size / teacher.ffn.intermediate_size
+        for o in space.ffn_options
+    ])
+    layers = space.num_layers
+    return (
+        (bias * hidden).clone(),
+        (bias * att).repeat(layers, 1),
+        (bias * ffn).repeat(layers, 1),
+    )
+
+
+def expected_budget_costs(costs, metrics: list[str], p_attention: torch.Tensor,
+                          p_ffn: torch.Tensor, p_hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``AdditiveCosts.expected`` restricted to ``metrics``.
+
+    Latencies are the exact sums over the tables (cheap); memory, whose activation
+    peak is not a sum, comes from the cost model's own expectation.
+    """
+    out = {}
+    for m in metrics:
+        if m == "memory_gb":
+            out[m] = costs.expected(p_attention, p_ffn, p_hidden)[m]
+            continue
+        per_hidden = (
+            costs.const[m]
+            + torch.einsum("lk,lkh->h", p_attention, costs.attention[m])
+            + torch.einsum("lk,lkh->h", p_ffn, costs.ffn[m])
+        )
+        out[m] = (p_hidden * per_hidden).sum()
+    return out
+
+
+def _kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of KL(teacher ‖ student) in nats."""
+    t = F.log_softmax(teacher_logits.float(), dim=-1)
+    s = F.log_softmax(student_logits.float(), dim=-1)
+    return (t.exp() * (t - s)).sum(-1).mean()
+
+
+def _penalty(g: torch.Tensor, lam: float, rho: float) -> torch.Tensor:
+    """PHR augmented-Lagrangian term of one inequality g ≤ 0."""
+    return (torch.clamp(lam + rho * g, min=0.0) ** 2 - lam**2) / (2.0 * rho)
+
+
+def _round(values: torch.Tensor, digits: int = 4) -> list:
+    return torch.round(values.detach().double() * 10**digits).div(10**digits).tolist()
+
+
+class DNAS:
+    """One search: a masked teacher, cost tables and budgets (metric -> bound)."""
+
+    def __init__(
+        self,
+        masked: MaskedTeacher,
+        costs,
+        budgets: dict[str, float],
+        config: DNASConfig | None = None,
+    ):
+        self.masked = masked
+        self.space = masked.space
+        self.costs = costs
+        self.config = config or DNASConfig()
+        if not budgets:
+            raise AutoCompressError("the search needs at least one limit",
+                                    hint="set --max-tpot-ms, --max-memory-gb, ... or "
+                                    "--budget-fraction")
+        unknown = [m for m in budgets if m not in costs.const]
+        if unknown:
+            raise AutoCompressError(f"no additive cost for {unknown}",
+                                    hint="limits are ttft_ms, tpot_ms, e2e_ms, memory_gb "
+                                    "(throughput is converted to tpot_ms)")
+        self.budgets = dict(budgets)
+        a_h, a_a, a_f = _initial_logits(self.space, self.config.init_bias)
+        self.alpha = [a.clone().requires_grad_(True) for a in (a_h, a_a, a_f)]
+        self.optimizer = torch.optim.Adam(self.alpha, lr=self.config.lr)
+        self.state = DNASState(lambdas={m: 0.0 for m in budgets})
+
+    # ------------------------------------------------------------ schedule
+    def tau(self, step: int) -> float:
+        cfg = self.config
+        frac = step / max(1, cfg.steps - 1)
+        return cfg.tau_start * (cfg.tau_end / cfg.tau_start) ** frac
+
+    def expected_costs(self) -> dict[str, torch.Tensor]:
+        p_h, p_a, p_f = _probabilities(self.space, *self.alpha)
+        return expected_budget_costs(self.costs, list(self.budgets), p_a.double(), p_f.double(),
+                                     p_h.double())
+
+    # ------------------------------------------------------------ one step
+    @torch.no_grad()
+    def teacher_outputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher logits (and final normed hidden states if the hidden term is on)."""
+        hidden = self.masked.model.model(input_ids=batch).last_hidden_state
+        logits = self.masked.model.lm_head(hidden)
+        return logits, (hidden if self.config.hidden_weight > 0 else None)
+
+    def step(self, step: int, batch: torch.Tensor,
+             teacher: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> dict[str, Any]:
+        """One search step on ``batch`` (``teacher``: its cached teacher outputs)."""
+        cfg = self.config
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        tau = self.tau(step)
+        a_h, a_a, a_f = self.alpha
+        w_h = _straight_through(a_h, tau, gen)
+        w_a = _straight_through(_masked_logits(a_a, self.space.allowed_attention), tau, gen)
+        w_f = _straight_through(_masked_logits(a_f, self.space.allowed_ffn), tau, gen)
+        w_a = self._legal_attention(w_a)
+
+        teacher_logits, teacher_hidden = teacher or self.teacher_outputs(batch)
+        student_logits, student_hidden = self.masked(batch, w_h, w_a, w_f, return_hidden=True)
+        kl = _kl(teacher_logits[:, :-1], student_logits[:, :-1])
+        loss = kl
+        hidden_term = torch.zeros(())
+        if cfg.hidden_weight > 0:
+            kept = w_h.detach() @ self.masked.hidden_masks
+            cos = F.cosine_similarity(student_hidden, teacher_hidden.float() * kept, dim=-1)
+            hidden_term = (1.0 - cos).mean()
+            loss = loss + cfg.hidden_weight * hidden_term
+
+        expected = self.expected_costs()
+        g = {m: expected[m] / b - 1.0 for m, b in self.budgets.items()}
+        penalty = sum(_penalty(g[m], self.state.lambdas[m], cfg.rho) for m in g)
+        total = loss + penalty.float()
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        self.optimizer.step()
+        for m in g:  # dual ascent
+            self.state.lambdas[m] = max(0.0, self.state.lambdas[m] + cfg.rho * float(g[m].detach()))
+        return self._record(step, tau, kl, hidden_term, penalty, expected, g)
+
+    def _legal_attention(self, w_a: torch.Tensor) -> torch.Tensor:
+        """A sample that removes every attention block keeps the likeliest one instead."""
+        if self.space.config.allow_no_attention and bool((w_a.detach().argmax(1)
+                                                          == w_a.shape[1] - 1).all()):
+            probs = F.softmax(_masked_logits(self.alpha[1], self.space.allowed_attention), -1)
+            layer = int(probs[:, :-1].max(1).values.argmax())
+            fix = torch.zeros_like(w_a)
+            fix[layer, -1] = -1.0
+            fix[layer, int(probs[layer, :-1].argmax())] = 1.0
+            w_a = w_a + fix
+        return w_a
+
+    def _record(self, step, tau, kl, hidden_term, penalty, expected, g) -> dict[str, Any]:
+        p_h, p_a, p_f = (p.detach() for p in _probabilities(self.space, *self.alpha))
+        return {
+            "step": step,
+            "tau": round(tau, 5),
+            "kl": round(float(kl.detach()), 5),
+            "hidden_term": round(float(hidden_term.detach()), 5),
+            "penalty": round(float(penalty.detach()), 5),
+            "lambda": {m: round(v, 5) for m, v in self.state.lambdas.items()},
+            "g": {m: round(float(v.detach()), 5) for m, v in g.items()},
+            "expected": {m: float(v.detach()) for m, v in expected.items()},
+            "p_hidden": _round(p_h),
+            "p_attention": _round(p_a),
+            "p_ffn": _round(p_f),
+        }
+
+    # ------------------------------------------------------------- running
+    def run(
+        self,
+        batch_fn: BatchFn,
+        checkpoint_dir: str | Path | None = None,
+        max_steps_this_run: int | None = None,
+        progress: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> DNASResult:
+        """Run (or resume) the search; ``max_steps_this_run`` stops early (resumable)."""
+        ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir else None
+        if ckpt is not None and ckpt.exists():
+            self.load(ckpt)
+        start_time, start_cpu = time.perf_counter(), time.process_time()
+        done_before, cpu_before = self.state.seconds, self.state.cpu_seconds
+        start = self.state.step
+        end = self.config.steps if max_steps_this_run is None \
+            else min(self.config.steps, start + max_steps_this_run)
+        cache = self._teacher_cache(batch_fn) if start < end else []
+        for step in range(start, end):
+            if cache:
+                batch, outputs = cache[step % len(cache)]
+                record = self.step(step, batch, outputs)
+            else:
+                record = self.step(step, batch_fn(step))
+            self.state.trajectory.append(record)
+            self.state.step = step + 1
+            self.state.seconds = done_before + time.perf_counter() - start_time
+            self.state.cpu_seconds = cpu_before + time.process_time() - start_cpu
+            if progress is not None:
+                progress(step, record)
+            last = step + 1 == end
+            if ckpt is not None and ((step + 1) % self.config.checkpoint_every == 0 or last):
+                self.save(ckpt)
+        a_h, a_a, a_f = (a.detach().clone() for a in self.alpha)
+        return DNASResult(
+            alpha_hidden=a_h, alpha_attention=a_a, alpha_ffn=a_f,
+            lambdas=dict(self.state.lambdas), trajectory=list(self.state.trajectory),
+            seconds=self.state.seconds, cpu_seconds=self.state.cpu_seconds,
+            completed=self.state.step >= self.config.steps,
+            budgets=dict(self.budgets),
+        )
+
+    def _teacher_cache(self, batch_fn: BatchFn) -> list[tuple[torch.Tensor, tuple]]:
+        """The first ``teacher_cache`` batches with their teacher outputs stored in fp16."""
+        cache = []
+        for index in range(self.config.teacher_cache):
+            batch = batch_fn(index)
+            logits, hidden = self.teacher_outputs(batch)
+            cache.append((batch, (logits.half(), None if hidden is None else hidden.half())))
+        return cache
+
+    # ---------------------------------------------------------- checkpoint
+    def _fingerprint(self) -> dict[str, Any]:
+        return {"config": self.config.model_dump(), "budgets": self.budgets,
+                "space": self.space.describe()}
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = {
+            "alpha": [a.detach().clone() for a in self.alpha],
+            "optimizer": self.optimizer.state_dict(),
+            "state": self.state.model_dump(),
+            "fingerprint": self._fingerprint(),
+        }
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(blob, tmp)
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> None:
+        try:
+            blob = torch.load(path, weights_only=False, map_location="cpu")
+        except (RuntimeError, EOFError, OSError) as err:
+            raise AutoCompressError(f"search checkpoint {path} is unreadable ({err})",
+                                    hint=f"delete {path} to start the search over") from None
+        if blob.get("fingerprint") != self._fingerprint():
+            raise AutoCompressError(
+                f"search checkpoint {path} belongs to a different search (config, limits or "
+                "search space changed)",
+                hint=f"delete {path.parent} or use another --work-dir",
+            )
+        with torch.no_grad():
+            for mine, saved in zip(self.alpha, blob["alpha"], strict=True):
+                mine.copy_(saved)
+        self.optimizer.load_state_dict(blob["optimizer"])
+        self.state = DNASState.model_validate(blob["state"])

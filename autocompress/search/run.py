@@ -1,0 +1,497 @@
+"""End to end: teacher + target + workload + limits -> a searched ArchSpec.
+
+``SearchContext.build`` loads the teacher, its importance (computed on the
+calibration split if not given), the cost model of the target and the search
+space with its cost tables. ``run_search`` then runs the DNAS, discretizes and
+repairs, and checks the result with ``CostModel.predict``; ``run_minitron``
+picks the Minitron baseline from the same context (same importance, same
+calibration data, same cost model).
+
+``search_to_file`` / ``minitron_to_file`` are what the CLI calls: they write
+``arch.json`` plus a report (``<stem>.search.json``) and, for the search, the
+trajectory (``<stem>.trajectory.json`` and ``.png``). Search checkpoints live in
+a work directory (default ``.<stem>.search-work`` beside the output) so an
+interrupted search resumes where it stopped; it is removed once the
+architecture is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from autocompress.arch import ArchSpec
+from autocompress.errors import AutoCompressError
+from autocompress.importance import CalibrationConfig, Importance
+from autocompress.limits import Limits
+from autocompress.search.budgets import budgets_from_limits, limits_from_fraction, reachable_text
+from autocompress.search.discretize import (
+    Discretized,
+    measured_job_list,
+    measured_scores,
+    probability_scores,
+    repair,
+    smallest_reachable,
+)
+from autocompress.search.dnas import DNAS, DNASConfig, DNASResult
+from autocompress.search.masked import MaskedTeacher
+from autocompress.search.minitron import (
+    BaselineResult,
+    MinitronConfig,
+    minitron_for_params,
+    minitron_matched,
+)
+from autocompress.search.space import SearchSpace, SpaceConfig
+from autocompress.search.trajectory import plot_trajectory, save_trajectory
+
+# Repair aims this far inside each budget so float rounding in predict() cannot flip it.
+SAFETY = 1e-9
+
+
+class SearchConfig(BaseModel):
+    """Everything that shapes a search (and the baseline built beside it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    space: SpaceConfig = Field(default_factory=SpaceConfig)
+    dnas: DNASConfig = Field(default_factory=DNASConfig)
+    score: Literal["measured", "probability"] = Field(
+        default="measured",
+        description="Per-option scores for repair: measured KL changes around the search's "
+        "argmax, or the search's log-probabilities.",
+    )
+    score_batches: int = Field(default=1, ge=1, description="Batches for measured scores.")
+    score_radius: int | None = Field(
+        default=2, ge=0,
+        description="Measured scores cover options within this many size ranks of the "
+        "search's argmax (plus no-op); None = every option.",
+    )
+    minitron: MinitronConfig = Field(default_factory=MinitronConfig)
+    calibration: CalibrationConfig = Field(
+        default_factory=lambda: CalibrationConfig(seq_len=128, batch_size=8, num_batches=8,
+                                                  removal_batches=0),
+        description="Data for importance when it is not given.",
+    )
+    threads: int | None = Field(default=None, description="torch threads (None = leave as is).")
+
+
+# ------------------------------------------------------------------ context
+
+
+@dataclass
+class SearchContext:
+    """The teacher, its importance and space, and the cost model of one target/workload."""
+
+    model: Any
+    tokenizer: Any
+    importance: Importance
+    space: SearchSpace
+    masked: MaskedTeacher
+    cost_model: Any
+    workload: Any
+    costs: Any
+    corpus_dir: Path
+    teacher_dir: str | None = None
+
+    @classmethod
+    def build(
+        cls,
+        teacher: str | Path | tuple[Any, Any],
+        target: str | None,
+        workload: str | Any | None,
+        config: SearchConfig | None = None,
+        importance: Importance | str | Path | None = None,
+        corpus_dir: str | Path | None = None,
+        cost_model: Any = None,
+        progress: bool = True,
+    ) -> SearchContext:
+        """Load everything; ``teacher`` is a directory, ``default`` or ``(model, tokenizer)``.
+
+        ``target`` None (and no ``cost_model``): no cost model (parameter-targeted baseline).
+        """
+        from autocompress.costmodel.model import CostModel
+        from autocompress.costmodel.target import Target
+        from autocompress.costmodel.workload import get_workload
+        from autocompress.data.corpus import ensure_corpus
+        from autocompress.importance import calibration_batches, compute_importance
+        from autocompress.modeling import arch_spec_of, load_causal_lm
+        from autocompress.paths import resolve_model_dir
+
+        config = config or SearchConfig()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        teacher_dir = None
+        if isinstance(teacher, tuple):
+            model, tokenizer = teacher
+        else:
+            teacher_dir = str(resolve_model_dir(teacher))
+            model, tokenizer = load_causal_lm(teacher_dir)
+        if tokenizer is None:
+            raise AutoCompressError("the teacher has no tokenizer, so calibration text cannot be "
+                                    "tokenized", hint="save the tokenizer into the model directory")
+        calib = config.calibration
+        corpus_arg = corpus_dir or calib.corpus_dir
+        corpus = ensure_corpus(Path(corpus_arg) if corpus_arg else None)
+        if importance is None:
+            batches = calibration_batches(tokenizer, calib.model_copy(
+                update={"corpus_dir": str(corpus)}))
+            importance = compute_importance(model, batches, removal_batches=calib.removal_batches,
+                                            progress=progress and _interactive())
+        elif not isinstance(importance, Importance):
+            importance = Importance.load(importance)
+        spec = arch_spec_of(model)
+        space = SearchSpace.build(spec, importance, config.space)
+        if cost_model is None and target is not None:
+            cost_model = CostModel.for_target(Target.parse(target))
+        wl = get_workload(workload) if isinstance(workload, str) else workload
+        costs = space.cost_tables(cost_model, wl) if cost_model is not None and wl else None
+        return cls(model=model, tokenizer=tokenizer, importance=importance, space=space,
+                   masked=MaskedTeacher(model, space), cost_model=cost_model, workload=wl,
+                   costs=costs, corpus_dir=corpus, teacher_dir=teacher_dir)
+
+    # --------------------------------------------------------------- data
+    def calibration(self, seq_len: int):
+        from autocompress.data.tokens import PackedTokens
+
+        return PackedTokens(self.tokenizer, self.corpus_dir, "calibration", seq_len)
+
+    def score_batches(self, config: SearchConfig) -> list[torch.Tensor]:
+        """Fixed calibration batches for measured scores and baseline selection."""
+        data = self.calibration(config.dnas.seq_len)
+        seed = config.dnas.seed + 7919  # not the batches the search trained on first
+        return [data.batch_at(i, config.dnas.batch_size, seed) for i in range(config.score_batches)]
+
+    def teacher_costs(self) -> dict[str, float]:
+        return self.cost_model.predict(self.space.teacher, self.workload).metrics()
+
+    def resolve_limits(self, limits: Limits | None, budget_fraction: float | None) -> Limits:
+        limits = limits or Limits()
+        if budget_fraction is not None:
+            limits = limits_from_fraction(budget_fraction, self.teacher_costs(), self.workload,
+                                          limits)
+        if limits.is_empty():
+            raise AutoCompressError(
+                "no limit was given",
+                hint="set --max-tpot-ms / --max-ttft-ms / --max-e2e-ms / --min-throughput / "
+                "--max-memory-gb, or --budget-fraction",
+            )
+        return limits
+
+
+# ------------------------------------------------------------------ outcomes
+
+
+@dataclass
+class SearchOutcome:
+    spec: ArchSpec
+    limits: Limits
+    budgets: dict[str, float]
+    prediction: Any
+    checks: list[Any]
+    dnas: DNASResult
+    discretized: Discretized
+    seconds: dict[str, float]
+
+    def report(self, ctx: SearchContext) -> dict[str, Any]:
+        space = ctx.space
+        d = self.discretized
+        return {
+            "kind": "search",
+            "teacher": ctx.teacher_dir,
+            "target": ctx.cost_model.target.name,
+            "cost_model": ctx.cost_model.version,
+            "workload": ctx.workload.model_dump(),
+            "limits": self.limits.model_dump(exclude_none=True),
+            "budgets": self.budgets,
+            "predicted": self.prediction.metrics(),
+            "teacher_predicted": ctx.teacher_costs(),
+            "margins": {c.metric: c.margin for c in self.checks},
+            "meets_limits": all(c.ok for c in self.checks),
+            "params": self.spec.num_params(),
+            "teacher_params": space.teacher.num_params(),
+            "choice": d.choice.to_dict(),
+            "anchor": d.anchor.to_dict(),
+            "anchor_costs": d.anchor_costs,
+            "repair_changes": d.changes,
+            "scores": d.score_source,
+            "per_hidden": d.per_hidden,
+            "final_lambda": self.dnas.lambdas,
+            "search_completed": self.dnas.completed,
+            "seconds": self.seconds,
+            "space": space.describe(),
+            "arch": self.spec.to_dict(),
+        }
+
+
+@dataclass
+class BaselineOutcome:
+    spec: ArchSpec
+    result: BaselineResult
+    limits: Limits | None
+    prediction: Any
+    checks: list[Any]
+    seconds: float
+
+    def report(self, ctx: SearchContext) -> dict[str, Any]:
+        r = self.result
+        return {
+            "kind": "minitron",
+            "mode": r.mode,
+            "teacher": ctx.teacher_dir,
+            "target": ctx.cost_model.target.name if ctx.cost_model else None,
+            "workload": ctx.workload.model_dump() if ctx.workload else None,
+            "limits": self.limits.model_dump(exclude_none=True) if self.limits else {},
+            "param_target": r.param_target,
+            "params": self.spec.num_params(),
+            "teacher_params": ctx.space.teacher.num_params(),
+            "predicted": self.prediction.metrics() if self.prediction else None,
+            "margins": {c.metric: c.margin for c in self.checks},
+            "meets_limits": all(c.ok for c in self.checks),
+            "chosen": r.candidate.describe(ctx.space),
+            "scored": [c.describe(ctx.space) for c in r.scored],
+            "num_candidates": r.num_candidates,
+            "seconds": self.seconds,
+            "arch": self.spec.to_dict(),
+        }
+
+
+# ------------------------------------------------------------------ search
+
+
+def run_search(
+    ctx: SearchContext,
+    limits: Limits,
+    config: SearchConfig | None = None,
+    work_dir: str | Path | None = None,
+    progress: bool = True,
+    max_steps_this_run: int | None = None,
+) -> SearchOutcome | None:
+    """DNAS + discretize/repair + final check. None if stopped early (resumable)."""
+    config = config or SearchConfig()
+    _need_costs(ctx)
+    budgets = budgets_from_limits(limits, ctx.workload)
+    space, costs = ctx.space, ctx.costs
+    _check_reachable(ctx, limits, budgets)
+
+    data = ctx.calibration(config.dnas.seq_len)
+    dnas = DNAS(ctx.masked, costs, budgets, config.dnas)
+    bar = _Bar("search", config.dnas.steps, progress)
+    result = dnas.run(
+        lambda step: data.batch_at(step, config.dnas.batch_size, config.dnas.seed),
+        checkpoint_dir=work_dir, max_steps_this_run=max_steps_this_run,
+        progress=lambda step, rec: bar.update(step + 1, _step_info(rec)),
+    )
+    bar.close()
+    if not result.completed:
+        return None
+    t1, c1 = time.perf_counter(), time.process_time()
+    anchor = result.argmax_choice(space)
+    inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
+    found = None
+    if config.score == "measured":
+        jobs = measured_job_list(space, anchor, config.score_radius)
+        bar = _Bar("scores", len(jobs), progress)
+        count = [0]
+
+        def tick():
+            count[0] += 1
+            bar.update(count[0], "")
+
+        scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config),
+                                 radius=config.score_radius, progress=tick)
+        bar.close()
+        found = repair(space, costs, inner, anchor, scores)
+    if found is None:  # probability scores cover the whole space
+        scores = probability_scores(space, result.probabilities(space))
+        found = repair(space, costs, inner, anchor, scores)
+    if found is None:
+        _raise_unreachable(ctx, limits, budgets)
+    t2, c2 = time.perf_counter(), time.process_time()
+    spec = space.spec_of(found.choice)
+    prediction, checks = _final_check(ctx, spec, limits)
+    seconds = {"dnas": result.seconds, "scores_and_repair": t2 - t1,
+               "total": result.seconds + (t2 - t1),
+               "cpu_total": result.cpu_seconds + (c2 - c1), "threads": torch.get_num_threads()}
+    return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
+                         checks=checks, dnas=result, discretized=found, seconds=seconds)
+
+
+def run_minitron(
+    ctx: SearchContext,
+    limits: Limits | None = None,
+    params: int | None = None,
+    config: SearchConfig | None = None,
+) -> BaselineOutcome:
+    """The Minitron baseline: matched to ``limits``, or to a parameter count ``params``."""
+    config = config or SearchConfig()
+    if (limits is None) == (params is None):
+        raise AutoCompressError("give either a parameter target or limits to match",
+                                hint="--params N, or --match-target T --workload W with limits")
+    t0 = time.perf_counter()
+    batches = ctx.score_batches(config)
+    if params is not None:
+        result = minitron_for_params(ctx.space, ctx.importance, params, ctx.masked, batches,
+                                     config.minitron)
+    else:
+        _need_costs(ctx)
+        budgets = budgets_from_limits(limits, ctx.workload)
+        result = minitron_matched(ctx.space, ctx.importance, ctx.costs, budgets, ctx.masked,
+                                  batches, config.minitron)
+    prediction = None
+    if ctx.cost_model is not None and ctx.workload is not None:
+        prediction = ctx.cost_model.predict(result.spec, ctx.workload)
+    checks = limits.check(prediction.metrics()) if limits is not None else []
+    if limits is not None and not all(c.ok for c in checks):
+        raise AutoCompressError(  # the tables and predict() disagree: a bug, not user input
+            f"internal error: the baseline breaks its limits under predict(): {checks}")
+    return BaselineOutcome(spec=result.spec, result=result, limits=limits, prediction=prediction,
+                           checks=checks, seconds=time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------ checks
+
+
+def _need_costs(ctx: SearchContext) -> None:
+    if ctx.costs is None:
+        raise AutoCompressError("limits need a target and a workload for the cost model",
+                                hint="pass --target and --workload")
+
+
+def _final_check(ctx: SearchContext, spec: ArchSpec, limits: Limits):
+    prediction = ctx.cost_model.predict(spec, ctx.workload)
+    checks = limits.check(prediction.metrics())
+    if not all(c.ok for c in checks):
+        raise AutoCompressError(
+            f"internal error: the repaired architecture breaks a limit under predict(): "
+            f"{[c.model_dump() for c in checks if not c.ok]}")
+    if not prediction.fits:
+        raise AutoCompressError(
+            f"the searched architecture does not fit on {ctx.cost_model.target.name}: "
+            f"{prediction.reason}", hint="add a --max-memory-gb limit below the device memory")
+    return prediction, checks
+
+
+def _check_reachable(ctx: SearchContext, limits: Limits, budgets: dict[str, float]) -> None:
+    smallest = smallest_reachable(ctx.space, ctx.costs, list(budgets))
+    if any(smallest[m] > b for m, b in budgets.items()):
+        _raise_unreachable(ctx, limits, budgets, smallest)
+
+
+def _raise_unreachable(ctx, limits, budgets, smallest=None) -> None:
+    smallest = smallest or smallest_reachable(ctx.space, ctx.costs, list(budgets))
+    parts = []
+    for m, b in budgets.items():
+        status = "unreachable" if smallest[m] > b else "reachable alone"
+        parts.append(f"{m} <= {b:.4g} ({status}; smallest reachable: "
+                     f"{reachable_text(m, smallest[m], limits, ctx.workload)})")
+    raise AutoCompressError(
+        "no architecture in the search space meets every limit: " + "; ".join(parts),
+        hint="loosen the limits, or widen the space (smaller hidden/FFN fractions, no-op blocks)",
+    )
+
+
+def _step_info(rec: dict[str, Any]) -> str:
+    ratios = " ".join(f"{m.split('_')[0]} {1 + g:.2f}" for m, g in rec["g"].items())
+    lams = " ".join(f"λ {v:.2f}" for v in rec["lambda"].values())
+    return f"kl {rec['kl']:.3f}  E/budget {ratios}  {lams}  τ {rec['tau']:.2f}"
+
+
+def _interactive() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("AUTOCOMPRESS_QUIET")
+
+
+class _Bar:
+    """A rich progress bar on a terminal, a line every 10% otherwise (quiet in tests)."""
+
+    def __init__(self, description: str, total: int, enabled: bool):
+        self.description, self.total = description, max(1, total)
+        self.quiet = not enabled or bool(os.environ.get("AUTOCOMPRESS_QUIET"))
+        self.bar = None
+        self.last_print = -1
+        if not self.quiet and sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total}"),
+                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self.bar.start()
+            self.task = self.bar.add_task(description, total=self.total, info="")
+
+    def update(self, done: int, info: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, info=info)
+        elif not self.quiet:
+            decile = done * 10 // self.total
+            if decile != self.last_print:
+                self.last_print = decile
+                print(f"[{self.description}] {done}/{self.total} {info}", flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+# ------------------------------------------------------------------ files
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def report_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".search.json")
+
+
+def search_to_file(
+    ctx: SearchContext,
+    limits: Limits,
+    out: str | Path,
+    config: SearchConfig | None = None,
+    work_dir: str | Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Search and write ``out`` (ArchSpec JSON), its report, and the trajectory JSON/PNG."""
+    out = Path(out)
+    work = Path(work_dir) if work_dir else out.with_name(f".{out.stem}.search-work")
+    outcome = run_search(ctx, limits, config, work_dir=work, progress=progress)
+    report = outcome.report(ctx)
+    meta = {"budgets": outcome.budgets, "space": ctx.space.describe(),
+            "config": (config or SearchConfig()).model_dump()}
+    traj = save_trajectory(out.with_name(out.stem + ".trajectory.json"),
+                           outcome.dnas.trajectory, meta)
+    title = f"{ctx.workload.name} on {ctx.cost_model.target.name}: {limits.describe()}"
+    png = plot_trajectory(out.with_name(out.stem + ".trajectory.png"), outcome.dnas.trajectory,
+                          ctx.space, title)
+    report.update({"trajectory": str(traj), "plot": str(png)})
+    outcome.spec.to_json(out)
+    _write_json(report_path(out), report)
+    shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def minitron_to_file(
+    ctx: SearchContext,
+    out: str | Path,
+    limits: Limits | None = None,
+    params: int | None = None,
+    config: SearchConfig | None = None,
+) -> dict[str, Any]:
+    """Pick the Minitron baseline and write ``out`` and its report."""
+    out = Path(out)
+    outcome = run_minitron(ctx, limits=limits, params=params, config=config)
+    report = outcome.report(ctx)
+    outcome.spec.to_json(out)
+    _write_json(report_path(out), report)
+    return report

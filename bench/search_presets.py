@@ -1,0 +1,171 @@
+"""Searched vs matched-Minitron architectures on the three CPU presets (issue 5 "must show").
+
+For each preset (local-coding-cpu, datacenter-cpu, interactive-cpu) a limit is set
+at ``--fraction`` (default 50%) of the default teacher's predicted cost on the
+preset's main metric. Then:
+
+1. ``autocompress search`` (DNAS + exact repair), timed wall-clock;
+2. the matched Minitron baseline (largest homogeneous model meeting the same
+   limit, top-k by calibration KL), same importance and calibration data;
+3. both are pruned from the teacher and scored by held-out loss *before* any
+   distillation (``evaluation.heldout_loss``: fixed held-out windows).
+
+Importance is computed once (forward passes on the calibration split) and shared.
+Prints a table and writes ``bench/results/search_presets.json`` plus each preset's
+arch JSONs, reports and trajectory plots under ``bench/results/search_presets/``.
+
+    .venv/bin/python bench/search_presets.py [--teacher default] [--fraction 0.5]
+        [--steps 240] [--threads 1] [--eval-batches 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from autocompress.arch import ArchSpec
+from autocompress.evaluation.heldout import heldout_loss
+from autocompress.limits import LIMIT_METRICS
+from autocompress.prune import prune
+from autocompress.search import SearchConfig, SearchContext
+from autocompress.search.dnas import DNASConfig
+from autocompress.search.minitron import MinitronConfig
+from autocompress.search.run import minitron_to_file, search_to_file
+
+PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def arch_text(arch: dict) -> str:
+    """Compact per-layer text: ``h192 | 8/2:768 6/2:576 -:384 ...`` (q/kv:ffn, - = removed)."""
+    parts = []
+    for layer in arch["layers"]:
+        att, ffn = layer["attention"], layer["ffn"]
+        a = f"{att['num_heads']}/{att['num_kv_heads']}" if att else "-"
+        f = str(ffn["intermediate_size"]) if ffn else "-"
+        parts.append(f"{a}:{f}")
+    return f"h{arch['hidden_size']} | " + " ".join(parts)
+
+
+def heldout(model, tokenizer, corpus_dir, batches: int) -> float:
+    return heldout_loss(model, tokenizer, corpus_dir, max_batches=batches, seq_len=256,
+                        batch_size=8, seed=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--teacher", default="default")
+    parser.add_argument("--target", default="cpu-local/hf-eager/fp32")
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS))
+    parser.add_argument("--fraction", type=float, default=0.5)
+    parser.add_argument("--steps", type=int, default=DNASConfig().steps)
+    parser.add_argument("--score", default="measured", choices=["measured", "probability"])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--eval-batches", type=int, default=16)
+    parser.add_argument("--importance", type=Path, default=None)
+    parser.add_argument("--minitron-top-k", type=int, default=MinitronConfig().top_k,
+                        help="Homogeneous candidates scored by calibration KL (ModelOpt top-k); "
+                        "a large value gives the best homogeneous architecture instead.")
+    parser.add_argument("--json", type=Path, default=RESULTS / "search_presets.json")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    config = SearchConfig(dnas=DNASConfig(steps=args.steps), score=args.score,
+                          minitron=MinitronConfig(top_k=args.minitron_top_k))
+    art_dir = args.json.with_suffix("")
+    art_dir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    base = SearchContext.build(args.teacher, args.target, args.presets[0], config,
+                               importance=args.importance)
+    importance_s = time.perf_counter() - t0
+    model, tokenizer, imp = base.model, base.tokenizer, base.importance
+    teacher_loss = heldout(model, tokenizer, base.corpus_dir, args.eval_batches)
+    print(f"teacher held-out loss {teacher_loss:.4f}; importance + setup {importance_s:.1f} s; "
+          f"cost model {base.cost_model.version}")
+
+    rows = []
+    for preset in args.presets:
+        ctx = SearchContext.build((model, tokenizer), args.target, preset, config,
+                                  importance=imp)
+        ctx.teacher_dir = base.teacher_dir
+        limits = ctx.resolve_limits(None, args.fraction)
+        print(f"\n== {preset}: {limits.describe()}")
+        t = time.perf_counter()
+        searched = search_to_file(ctx, limits, art_dir / f"{preset}.searched.json", config)
+        search_s = time.perf_counter() - t
+        t = time.perf_counter()
+        baseline = minitron_to_file(ctx, art_dir / f"{preset}.minitron.json", limits=limits,
+                                    config=config)
+        baseline_s = time.perf_counter() - t
+        row = {"preset": preset, "limits": limits.model_dump(exclude_none=True),
+               "teacher_predicted": searched["teacher_predicted"]}
+        for name, report, seconds in (("searched", searched, search_s),
+                                      ("minitron", baseline, baseline_s)):
+            spec = ArchSpec.from_json(json.dumps(report["arch"]))
+            student = prune(model, imp, spec)
+            row[name] = {
+                "heldout_loss": heldout(student, tokenizer, ctx.corpus_dir, args.eval_batches),
+                "predicted": report["predicted"],
+                "margins": report["margins"],
+                "meets_limits": report["meets_limits"],
+                "params": report["params"],
+                "wall_s": seconds,
+                "arch": arch_text(report["arch"]),
+            }
+            if name == "searched":
+                row[name]["seconds"] = report["seconds"]
+            else:
+                row[name]["candidates_scored"] = len(report["scored"])
+                row[name]["candidates_total"] = report["num_candidates"]
+                row[name]["param_target"] = report["param_target"]
+            print(f"  {name:9s} loss {row[name]['heldout_loss']:.4f}  params "
+                  f"{report['params']:>9,}  {seconds:6.1f} s  {row[name]['arch']}")
+        rows.append(row)
+
+    print_table(rows, teacher_loss)
+    wins = sum(r["searched"]["heldout_loss"] < r["minitron"]["heldout_loss"] for r in rows)
+    result = {
+        "teacher": str(base.teacher_dir), "target": args.target,
+        "cost_model": base.cost_model.version, "fraction": args.fraction,
+        "teacher_heldout_loss": teacher_loss, "importance_and_setup_s": importance_s,
+        "threads": args.threads, "steps": args.steps, "score": args.score,
+        "minitron_top_k": args.minitron_top_k,
+        "search_wins": wins, "presets": rows,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nsearched beats matched Minitron in {wins}/{len(rows)} presets; wrote {args.json}")
+
+
+def print_table(rows: list[dict], teacher_loss: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = f"held-out loss after pruning, no distillation (teacher {teacher_loss:.4f})"
+    table = Table(title=title)
+    for column in ("preset", "limit", "searched loss", "Minitron loss", "searched params",
+                   "Minitron params", "searched predicted", "Minitron predicted", "search s"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        (metric_limit, bound), = ((k, v) for k, v in r["limits"].items())
+        metric = LIMIT_METRICS[metric_limit][0]
+        s, m = r["searched"], r["minitron"]
+        table.add_row(r["preset"], f"{metric_limit} {bound:.4g}", f"{s['heldout_loss']:.4f}",
+                      f"{m['heldout_loss']:.4f}", f"{s['params']:,}", f"{m['params']:,}",
+                      f"{s['predicted'].get(metric, float('nan')):.4g}",
+                      f"{m['predicted'].get(metric, float('nan')):.4g}", f"{s['wall_s']:.0f}")
+    Console().print(table)
+    for r in rows:
+        print(f"{r['preset']:17s} searched  {r['searched']['arch']}")
+        print(f"{'':17s} minitron  {r['minitron']['arch']}")
+
+
+if __name__ == "__main__":
+    main()

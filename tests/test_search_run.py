@@ -1,0 +1,213 @@
+"""Search end to end on a tiny model: limits met, exact repair, errors, resume, baseline."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from autocompress.costmodel import CostModel, Target, Workload
+from autocompress.costmodel.laws import ActivationLaw, LinearLaw
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.modeling import arch_spec_of
+from autocompress.modeling.tiny import tiny_model
+from autocompress.prune import prune
+from autocompress.search import (
+    DNAS,
+    Choice,
+    DNASConfig,
+    SearchConfig,
+    SearchContext,
+    SpaceConfig,
+    budgets_from_limits,
+    run_minitron,
+    run_search,
+    search_to_file,
+)
+from autocompress.search.discretize import CostTables, Scores, repair, smallest_reachable
+from autocompress.search.dnas import expected_budget_costs
+
+WORKLOAD = Workload(name="test", isl=64, osl=8, batch=2)
+
+
+def cost_model() -> CostModel:
+    """A linear-law model in which widths, heads and KV groups all cost something."""
+    target = Target.parse("h100-sxm/hf-eager/bf16")
+    common = {"attn.call": 0.05, "ffn.call": 0.02, "const.call": 0.1}
+    decode = {**common, "attn.weight_bytes": 2e-6, "ffn.weight_bytes": 2e-6,
+              "attn.kv_bytes": 4e-6, "const.head_bytes": 1e-6}
+    prefill = {**common, "attn.flops": 1e-8, "ffn.flops": 1e-8, "attn.scores": 1e-8,
+               "const.head_flops": 1e-8}
+    return CostModel(target=target, timing=LinearLaw(prefill=prefill, decode=decode),
+                     activation=ActivationLaw.default())
+
+
+CONFIG = SearchConfig(
+    space=SpaceConfig(granularity=8),
+    dnas=DNASConfig(steps=12, batch_size=2, seq_len=32, checkpoint_every=4, teacher_cache=4),
+    score_batches=1,
+)
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny_corpus, tiny_tokenizer):
+    model = tiny_model("llama", vocab_size=len(tiny_tokenizer), hidden_size=64, num_layers=4,
+                       num_heads=4, gqa_ratio=2, intermediate_size=96, head_dim=16, seed=3)
+    config = CONFIG.model_copy(update={"calibration": CONFIG.calibration.model_copy(
+        update={"seq_len": 32, "batch_size": 2, "num_batches": 2})})
+    return SearchContext.build((model, tiny_tokenizer), "unused", WORKLOAD, config,
+                               corpus_dir=tiny_corpus, cost_model=cost_model(), progress=False)
+
+
+def test_expected_costs_match_the_cost_model(ctx):
+    gen = torch.Generator().manual_seed(0)
+    s = ctx.space
+    p_a = torch.rand(s.num_layers, len(s.attention_options), generator=gen, dtype=torch.float64)
+    p_f = torch.rand(s.num_layers, len(s.ffn_options), generator=gen, dtype=torch.float64)
+    p_h = torch.rand(len(s.hidden_options), generator=gen, dtype=torch.float64)
+    p_a, p_f, p_h = p_a / p_a.sum(1, keepdim=True), p_f / p_f.sum(1, keepdim=True), p_h / p_h.sum()
+    mine = expected_budget_costs(ctx.costs, ["tpot_ms", "memory_gb"], p_a, p_f, p_h)
+    theirs = ctx.costs.expected(p_a, p_f, p_h)
+    for m in mine:
+        assert float(mine[m]) == pytest.approx(float(theirs[m]), rel=1e-12)
+    choice = Choice(1, (0, 2, len(s.attention_options) - 1, 3), (1, len(s.ffn_options) - 1, 4, 0))
+    tables = CostTables(ctx.costs, ["ttft_ms", "tpot_ms", "memory_gb"])
+    predicted = ctx.cost_model.predict(s.spec_of(choice), WORKLOAD)
+    for m, value in tables.evaluate(choice).items():
+        assert value == pytest.approx(getattr(predicted, m), rel=1e-9)
+
+
+def test_search_meets_several_limits_under_the_cost_model(ctx, tmp_path):
+    teacher = ctx.teacher_costs()
+    limits = Limits(max_tpot_ms=0.6 * teacher["tpot_ms"], max_ttft_ms=0.7 * teacher["ttft_ms"])
+    report = search_to_file(ctx, limits, tmp_path / "arch.json", CONFIG, progress=False)
+    assert report["meets_limits"]
+    predicted = ctx.cost_model.predict(ctx.space.spec_of(Choice(**{
+        k: (tuple(v) if isinstance(v, list) else v) for k, v in report["choice"].items()})),
+        WORKLOAD)
+    assert predicted.tpot_ms <= limits.max_tpot_ms and predicted.ttft_ms <= limits.max_ttft_ms
+    assert report["params"] < report["teacher_params"]
+    steps = json.loads((tmp_path / "arch.trajectory.json").read_text())["steps"]
+    assert len(steps) == CONFIG.dnas.steps
+    assert set(steps[-1]) >= {"kl", "lambda", "expected", "p_attention", "p_ffn", "p_hidden"}
+    assert (tmp_path / "arch.trajectory.png").stat().st_size > 0
+    assert not (tmp_path / ".arch.search-work").exists()
+    from autocompress.arch import ArchSpec
+
+    spec = ArchSpec.from_json(tmp_path / "arch.json").complete_from(ctx.space.teacher)
+    student = prune(ctx.model, ctx.importance, spec)  # the searched spec can be pruned
+    assert student(input_ids=torch.randint(0, 100, (1, 8))).logits.shape[-1] == len(
+        ctx.tokenizer)
+
+
+def test_throughput_limit_becomes_a_tpot_budget():
+    limits = Limits(min_throughput_tok_s=400.0, max_tpot_ms=10.0)
+    assert budgets_from_limits(limits, WORKLOAD) == {"tpot_ms": 1000.0 * 2 / 400.0}
+
+
+def _size_scores(space) -> Scores:
+    """Scores that prefer keeping more (a stand-in for loss): minus the kept fraction."""
+    t = space.teacher.layers[0]
+    att = np.array([0.0 if o is None else o.num_heads / t.attention.num_heads
+                    for o in space.attention_options])
+    ffn = np.array([0.0 if o is None else o.intermediate_size / t.ffn.intermediate_size
+                    for o in space.ffn_options])
+    hidden = np.array([h / space.teacher.hidden_size for h in space.hidden_options])
+    layers = space.num_layers
+    return Scores(-4 * hidden, -np.tile(att, (layers, 1)), -np.tile(ffn, (layers, 1)))
+
+
+@pytest.mark.parametrize("start", ["teacher", "smallest"])
+def test_repair_is_exact_and_uses_the_slack(ctx, start):
+    space, costs = ctx.space, ctx.costs
+    known = Choice(1, (0, 3, 1, 2), (2, 4, 0, 5))
+    tables = CostTables(costs, ["tpot_ms", "ttft_ms"])
+    known_costs = tables.evaluate(known)
+    budgets = {m: v * (1 + 1e-9) for m, v in known_costs.items()}
+    anchor = space.full_choice() if start == "teacher" else Choice(
+        len(space.hidden_options) - 1, (0,) + (len(space.attention_options) - 2,) * 3,
+        (len(space.ffn_options) - 2,) * 4)
+    scores = _size_scores(space)
+    found = repair(space, costs, budgets, anchor, scores)
+    assert found is not None
+    assert all(found.costs[m] <= budgets[m] for m in budgets)
+    assert found.costs == tables.evaluate(found.choice)
+    # Not trivially tiny: within a few per cent of the known architecture's cost and score.
+    assert max(found.costs[m] / budgets[m] for m in budgets) > 0.9
+    assert scores.total(found.choice) <= scores.total(known) + 0.35
+
+
+def test_unreachable_limits_name_the_smallest_reachable_costs(ctx):
+    smallest = smallest_reachable(ctx.space, ctx.costs, ["tpot_ms", "memory_gb"])
+    limits = Limits(max_tpot_ms=smallest["tpot_ms"] * 0.5, max_memory_gb=1000.0)
+    with pytest.raises(AutoCompressError) as err:
+        run_search(ctx, limits, CONFIG, progress=False)
+    text = str(err.value)
+    assert "smallest reachable" in text
+    assert f"{smallest['tpot_ms']:.4g}" in text
+    assert "memory_gb" in text  # every limit is reported, met alone or not
+
+
+def test_resumed_search_follows_the_uninterrupted_trajectory(ctx, tmp_path):
+    budgets = {"tpot_ms": 0.5 * ctx.teacher_costs()["tpot_ms"]}
+    config = DNASConfig(steps=7, batch_size=2, seq_len=16, checkpoint_every=2, teacher_cache=3)
+
+    def batches(step):
+        return torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(step))
+
+    whole = DNAS(ctx.masked, ctx.costs, budgets, config).run(batches)
+
+    def crash_at_4(step, record):
+        if step == 4:  # killed after step 4; the last checkpoint holds steps 0-3
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        DNAS(ctx.masked, ctx.costs, budgets, config).run(batches, checkpoint_dir=tmp_path,
+                                                         progress=crash_at_4)
+    resumed = DNAS(ctx.masked, ctx.costs, budgets, config).run(batches, checkpoint_dir=tmp_path)
+    assert resumed.completed
+    strip = [{k: v for k, v in r.items()} for r in whole.trajectory]
+    assert [r["step"] for r in resumed.trajectory] == list(range(7))
+    assert resumed.trajectory == strip
+    torch.testing.assert_close(resumed.alpha_ffn, whole.alpha_ffn)
+    other = DNASConfig(steps=9, batch_size=2, seq_len=16, checkpoint_every=2, teacher_cache=3)
+    with pytest.raises(AutoCompressError, match="different search"):
+        DNAS(ctx.masked, ctx.costs, budgets, other).run(batches, checkpoint_dir=tmp_path)
+
+
+def test_minitron_matched_meets_the_limits_and_is_homogeneous(ctx):
+    teacher = ctx.teacher_costs()
+    limits = Limits(max_tpot_ms=0.55 * teacher["tpot_ms"])
+    outcome = run_minitron(ctx, limits=limits, config=CONFIG)
+    assert all(c.ok for c in outcome.checks)
+    assert outcome.prediction.tpot_ms <= limits.max_tpot_ms
+    spec = outcome.spec
+    assert len({(la.attention, la.ffn) for la in spec.layers}) == 1
+    assert spec.num_params() <= outcome.result.param_target
+    # The parameter target is the largest feasible homogeneous model.
+    bigger = [c for c in outcome.result.scored if c.params > outcome.result.param_target]
+    assert not bigger
+    student = prune(ctx.model, ctx.importance, spec)
+    assert arch_spec_of(student).num_layers == spec.num_layers
+
+
+def test_minitron_for_params_stays_under_the_target(ctx):
+    target = int(0.6 * ctx.space.teacher.num_params())
+    outcome = run_minitron(ctx, params=target, config=CONFIG)
+    assert outcome.spec.num_params() <= target
+    assert outcome.result.candidate.kl is not None  # candidates were scored on data
+    with pytest.raises(AutoCompressError, match="at most"):
+        run_minitron(ctx, params=10, config=CONFIG)
+
+
+def test_hidden_state_term_is_recorded(ctx):
+    budgets = {"tpot_ms": 0.5 * ctx.teacher_costs()["tpot_ms"]}
+    config = DNASConfig(steps=2, batch_size=2, seq_len=16, teacher_cache=0, hidden_weight=0.5)
+    batch = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    result = DNAS(ctx.masked, ctx.costs, budgets, config).run(lambda step: batch)
+    assert all(r["hidden_term"] > 0 for r in result.trajectory)
+    assert result.trajectory[0]["g"]["tpot_ms"] == pytest.approx(
+        result.trajectory[0]["expected"]["tpot_ms"] / budgets["tpot_ms"] - 1, abs=1e-4)
