@@ -1,0 +1,64 @@
+"""The ``autocompress`` command line.
+
+Each area of the library keeps its commands in ``autocompress/commands/<area>.py``
+and exposes ``register(app)``; this module only assembles them and turns
+``AutoCompressError`` into a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from autocompress.errors import AutoCompressError
+
+# Order is the order of ``--help``: pipeline order.
+COMMAND_MODULES = [
+    "data",
+    "teacher",
+    "evaluate",
+    "surgery",
+    "costmodel",
+    "search",
+    "distill",
+    "pipeline",
+    "bench",
+    "demo",
+]
+
+app = typer.Typer(
+    name="autocompress",
+    help=(
+        "Compress a decoder-only LLM (Llama, Mistral, Qwen2/3) so that it meets "
+        "latency, throughput and memory limits on a target GPU/CPU and serving "
+        "engine, keeping as much accuracy as possible. Pass `default` wherever a "
+        "model is asked for to use the bundled code teacher."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(f"autocompress.commands.{_name}").register(app)
+
+
+def main() -> None:
+    """Entry point: run the app, report user errors in one line."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app()
+    except AutoCompressError as err:
+        typer.secho(f"error: {err.message}", fg="red", err=True)
+        if err.hint:
+            typer.secho(f"hint: {err.hint}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

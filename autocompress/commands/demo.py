@@ -1,0 +1,37 @@
+"""`autocompress demo`: the README's main job — a full compression run on the default.
+
+It is `autocompress run` with settings sized for 2 CPU cores: the bundled
+teacher, the local CPU as target, the `interactive-cpu` preset with a TPOT
+limit at 60% of the teacher's, and the Minitron baseline beside it.
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def demo(
+    workload: str = typer.Option("interactive-cpu", help="Workload preset."),
+    budget_fraction: float = typer.Option(
+        0.6, help="Limit on the preset's main metric, as a fraction of the teacher's."),
+    baseline: bool = typer.Option(True, help="Also run the matched Minitron baseline."),
+    eval_limit: int = typer.Option(150, help="Items per benchmark (keeps the demo short)."),
+) -> None:
+    """Compress the default teacher for this CPU through the whole Prefect flow.
+
+    Embedded MLflow (sqlite under $AUTOCOMPRESS_HOME) and a local Prefect run;
+    re-running reuses every finished stage.
+    """
+    from autocompress.commands.pipeline import run
+
+    run(teacher="default", target="cpu-local/hf-eager/fp32", workload=workload,
+        max_ttft_ms=None, max_tpot_ms=None, max_e2e_ms=None, min_throughput_tok_s=None,
+        max_memory_gb=None, budget_fraction=budget_fraction, baseline=baseline,
+        eval_tasks=None, eval_limit=eval_limit, register_as="autocompress-demo",
+        no_register=False, store=None, experiment="autocompress-demo", no_track=False,
+        refresh_cache=False, options=None)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `demo` to the main app."""
+    app.command("demo")(demo)

@@ -1,0 +1,235 @@
+"""CLI commands of the pipeline: ``autocompress run`` and ``autocompress lineage``.
+
+``run`` starts the ``compress`` Prefect flow in this process (no server needed:
+Prefect starts a temporary local one; set ``PREFECT_API_URL`` to use a server).
+Prefect is imported only inside the command, so the library stays Prefect-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from autocompress.errors import AutoCompressError
+
+console = Console()
+
+# Columns of the final table, in this order, when some row has them. Latency and
+# memory appear twice: as the cost model predicted them and as measured.
+_COLUMNS = ["params", "predicted_ttft_ms", "ttft_ms", "predicted_tpot_ms", "tpot_ms",
+            "predicted_memory_gb", "memory_gb", "throughput_tok_s", "ok", "mc_mean",
+            "bits_per_byte", "next_token_acc", "heldout_loss"]
+# Report outputs that describe each row of the table (later ones win on a clash).
+_ROWS = {
+    "teacher": ("teacher", "teacher_eval", "teacher_verification"),
+    "compressed": ("arch", "model", "evaluation", "verification"),
+    "minitron baseline": ("baseline_arch", "baseline_model", "baseline_evaluation",
+                          "baseline_verification"),
+}
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` and ``lineage`` to the main app."""
+    app.command("run")(run)
+    app.command("lineage")(lineage_command)
+
+
+def run(
+    teacher: str = typer.Option("default", help="`default` (the bundled code teacher), a model "
+                                "directory, or models:/NAME/VERSION from the MLflow registry."),
+    target: str = typer.Option("cpu-local/hf-eager/fp32",
+                               help="Hardware/engine/dtype the model must run on."),
+    workload: str = typer.Option("local-coding-cpu", help="Workload preset name."),
+    max_ttft_ms: float | None = typer.Option(None, help="Limit: time to first token (ms)."),
+    max_tpot_ms: float | None = typer.Option(None, help="Limit: time per output token (ms)."),
+    max_e2e_ms: float | None = typer.Option(None, help="Limit: end-to-end latency (ms)."),
+    min_throughput_tok_s: float | None = typer.Option(
+        None, help="Limit: generated tokens/s over all concurrent requests."),
+    max_memory_gb: float | None = typer.Option(None, help="Limit: peak memory (GB)."),
+    budget_fraction: float | None = typer.Option(
+        None, help="Add a limit at this fraction of the teacher's predicted cost on the "
+        "workload's main metric (e.g. 0.6)."),
+    baseline: bool = typer.Option(False, help="Also run the Minitron baseline for comparison."),
+    eval_tasks: str | None = typer.Option(None, help="Benchmarks (comma list; default: the "
+                                          "local code suite)."),
+    eval_limit: int | None = typer.Option(None, help="Cap items per benchmark (quick runs)."),
+    register_as: str = typer.Option("autocompress-compressed",
+                                    help="MLflow registry name of the compressed model."),
+    no_register: bool = typer.Option(False, "--no-register", help="Do not register the model."),
+    store: str | None = typer.Option(None, help="Artifact store: a directory or "
+                                     "s3://bucket/prefix (default $AUTOCOMPRESS_STORE or "
+                                     "$AUTOCOMPRESS_HOME/artifacts)."),
+    experiment: str = typer.Option("autocompress", help="MLflow experiment name."),
+    no_track: bool = typer.Option(False, "--no-track", help="Do not log to MLflow."),
+    refresh_cache: bool = typer.Option(False, help="Recompute every stage instead of reusing "
+                                       "cached results."),
+    options: str | None = typer.Option(
+        None, help='Per-stage settings as JSON or @FILE, e.g. \'{"costmodel": {"n_probes": 8}, '
+        '"validation": {"n": 6, "max_mape": 40}}\'.'),
+) -> None:
+    """Compress a teacher to meet the limits on a target (the full Prefect flow).
+
+    Re-running with the same options reuses every finished stage; a failed run
+    continues where it stopped. Results go to the artifact store and MLflow
+    (embedded sqlite under $AUTOCOMPRESS_HOME unless MLFLOW_TRACKING_URI is set).
+    """
+    started = time.perf_counter()
+    _quiet_defaults()
+    if refresh_cache:
+        os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
+    from flows.compress import compress
+
+    limits = {k: v for k, v in {"max_ttft_ms": max_ttft_ms, "max_tpot_ms": max_tpot_ms,
+                                "max_e2e_ms": max_e2e_ms,
+                                "min_throughput_tok_s": min_throughput_tok_s,
+                                "max_memory_gb": max_memory_gb}.items() if v is not None}
+    report = compress(teacher=teacher, target=target, workload=workload, limits=limits,
+                      budget_fraction=budget_fraction, baseline=baseline,
+                      eval_tasks=eval_tasks, eval_limit=eval_limit,
+                      register_as=None if no_register else register_as, store=store,
+                      experiment=experiment, track=not no_track, options=_options(options))
+    print_report(report, time.perf_counter() - started)
+
+
+def _options(text: str | None) -> dict[str, Any]:
+    """``--options``: inline JSON or ``@path`` to a JSON file."""
+    if not text:
+        return {}
+    try:
+        if text.startswith("@"):
+            from pathlib import Path
+
+            text = Path(text[1:]).read_text()
+        data = json.loads(text)
+    except (OSError, ValueError) as err:
+        raise AutoCompressError(f"cannot read --options: {err}",
+                                'pass JSON like \'{"validation": {"n": 6}}\' or @file.json'
+                                ) from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise AutoCompressError("--options must map stage names to objects",
+                                'e.g. \'{"costmodel": {"n_probes": 8}}\'')
+    return data
+
+
+def _quiet_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _metrics_of(outputs: dict[str, Any], names: tuple[str, ...]) -> dict[str, float]:
+    merged: dict[str, float] = {}
+    for name in names:
+        ref = outputs.get(name)
+        if ref is not None and hasattr(ref, "metrics"):
+            merged.update(ref.metrics)
+    return merged
+
+
+def results_table(outputs: dict[str, Any]) -> Table:
+    """Teacher vs compressed (vs baseline): every headline metric the flow produced."""
+    rows = {label: _metrics_of(outputs, names) for label, names in _ROWS.items()}
+    rows = {label: m for label, m in rows.items() if m}
+    columns = [c for c in _COLUMNS if any(c in m for m in rows.values())]
+    table = Table(title="AutoCompress results (predicted_* = cost model, others measured)")
+    table.add_column("model")
+    for column in columns:
+        table.add_column("meets limits" if column == "ok" else column, justify="right")
+    for label, metrics in rows.items():
+        table.add_row(label, *(_fmt(metrics.get(c), c) for c in columns))
+    return table
+
+
+def _fmt(value: float | None, column: str = "") -> str:
+    if value is None:
+        return "–"
+    if column == "ok":
+        return "yes" if value else "NO"
+    if column == "params":
+        return f"{value / 1e6:.2f}M"
+    return f"{value:.4g}"
+
+
+def print_report(report, wall_s: float) -> None:
+    """The final table, the stages (cached or run), timings and where to look."""
+    console.print(results_table(report.outputs))
+    steps = Table(title="stages")
+    for column in ("stage", "state", "seconds"):
+        steps.add_column(column)
+    for step in report.steps:
+        steps.add_row(step.name, step.state, f"{step.seconds:.1f}")
+    console.print(steps)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    overhead = max(0.0, wall_s - report.stage_work_s)
+    console.print(
+        f"wall {wall_s:.1f}s: stage work {report.stage_work_s:.1f}s, Prefect+MLflow+startup "
+        f"{overhead:.1f}s ({100 * overhead / wall_s:.1f}%), of which MLflow calls "
+        f"{report.tracking_s:.1f}s")
+    registered = report.outputs.get("registered")
+    if registered is not None:
+        console.print(f"registered [bold]{registered.name}@{registered.version}[/bold] — "
+                      f"`autocompress lineage {registered.name}@{registered.version}`")
+    if report.tracking_uri:
+        console.print(f"MLflow: run {report.mlflow_run_id} in {report.tracking_uri} — "
+                      f"`mlflow ui --backend-store-uri {report.tracking_uri}`")
+    console.print(f"artifacts: {report.store_uri}")
+
+
+def lineage_command(
+    model: str = typer.Argument(..., help="NAME, NAME@VERSION or NAME@ALIAS of a registered "
+                                "model (latest version when no version is given)."),
+    no_check: bool = typer.Option(False, "--no-check", help="Do not re-hash the artifacts."),
+    json_out: bool = typer.Option(False, "--json", help="Print the lineage as JSON."),
+) -> None:
+    """Show where a registered model came from and re-check every artifact's hash.
+
+    Exits with code 1 when an artifact is missing or its content changed.
+    """
+    from autocompress.tracking import lineage, parse_model_ref
+
+    name, version = parse_model_ref(model)
+    report = lineage(name, version, check=not no_check)
+    if json_out:
+        typer.echo(report.model_dump_json(indent=1))
+    else:
+        _print_lineage(report)
+    if not no_check and not report.ok:
+        raise typer.Exit(1)
+
+
+def _print_lineage(report) -> None:
+    info = report.lineage
+    console.print(f"[bold]{report.name}@{report.version}[/bold]  (MLflow {report.tracking_uri}, "
+                  f"run {report.run_id}, model {report.model_id})")
+    facts = Table(show_header=False, box=None)
+    facts.add_column(style="dim")
+    facts.add_column()
+    for key in ("teacher", "teacher_sha256", "data_fingerprint", "costmodel_version", "target",
+                "workload", "flow_run_id", "code_version"):
+        value = getattr(info, key)
+        if value is not None:
+            facts.add_row(key, str(value))
+    for group in ("limits", "costmodel_error", "scores", "measured"):
+        values = getattr(info, group)
+        if values:
+            facts.add_row(group, ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}"
+                                           for k, v in values.items()))
+    console.print(facts)
+    chain = Table(title="chain (teacher → registered model)")
+    for column in ("stage", "kind", "sha256", "status", "uri"):
+        chain.add_column(column)
+    colors = {"ok": "green", "unchecked": "dim"}
+    for link in report.chain:
+        color = colors.get(link.status, "red")
+        chain.add_row(link.stage, link.kind, link.sha256[:12],
+                      f"[{color}]{link.status}[/{color}]", link.uri)
+    console.print(chain)
+    if not report.chain:
+        raise AutoCompressError("this model version has no artifact chain in its tags")

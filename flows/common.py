@@ -1,0 +1,205 @@
+"""What every flow shares: its MLflow parent run, running a list of steps, timings.
+
+A flow is a list of ``Step``s. Each step names a stage task and says where each
+of its inputs comes from: a flow parameter or an earlier step's output (both
+live in one ``values`` dict under their names). Adding a stage to a flow is one
+``Step(...)`` line; ``run_steps`` does the calling, notes which steps came back
+from the cache, and logs each step's artifact reference on the flow's MLflow run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from prefect import runtime
+from prefect.logging import get_run_logger
+from pydantic import BaseModel, Field
+
+from autocompress.artifacts import ArtifactRef, Store
+from autocompress.tracking import get_tracker, tracking_uri
+from tasks.stage import RunInfo, Stage, refs_in, stage_timings
+
+
+class Step:
+    """One stage call: ``Step("pruned", prune_task, model="teacher", spec="arch")``.
+
+    Keyword arguments map the stage's parameter names to names in the flow's
+    ``values`` (flow parameters and earlier steps' outputs); the step's output
+    is stored under ``name``. ``when`` names a value that must be truthy for the
+    step to run (e.g. ``when="baseline"``).
+    """
+
+    def __init__(self, name: str, stage: Stage, /, when: str | None = None, **inputs: str):
+        self.name = name
+        self.stage = stage
+        self.when = when
+        self.inputs = inputs
+
+    def __repr__(self) -> str:
+        return f"Step({self.name!r}, {self.stage.name!r}, {self.inputs})"
+
+
+class StepOutcome(BaseModel):
+    name: str
+    state: str  # Completed | Cached | Failed ...
+    seconds: float
+
+
+class FlowReport(BaseModel):
+    """What a flow run returns: outputs by step, cache hits, timings, where to look."""
+
+    flow: str
+    flow_run_id: str | None
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+    store_uri: str
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    steps: list[StepOutcome] = Field(default_factory=list)
+    wall_s: float = 0.0
+    stage_work_s: float = 0.0
+    tracking_s: float = 0.0
+    publish_s: float = 0.0
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def cached(self) -> list[str]:
+        return [s.name for s in self.steps if s.state == "Cached"]
+
+    @property
+    def executed(self) -> list[str]:
+        return [s.name for s in self.steps if s.state != "Cached"]
+
+    @property
+    def overhead_s(self) -> float:
+        """Flow time not spent in stage work: Prefect + MLflow + glue."""
+        return max(0.0, self.wall_s - self.stage_work_s)
+
+
+@contextmanager
+def tracked_flow(flow: str, params: dict[str, Any], experiment: str = "autocompress",
+                 store: str | None = None, track: bool = True) -> Iterator[RunInfo]:
+    """The flow's MLflow parent run and the ``RunInfo`` handed to every stage.
+
+    A retried flow run (``prefect flow-run retry``) re-opens its own parent run
+    instead of starting another one.
+    """
+    flow_run_id = _flow_run_id()
+    store_uri = Store.from_uri(store).uri
+    parent = None
+    tracker = get_tracker(experiment) if track else None
+    if tracker is not None:
+        parent = _existing_parent(tracker, flow_run_id) or tracker.start_run(
+            runtime.flow_run.name or flow,
+            tags={"prefect.flow_run_id": flow_run_id or "", "autocompress.flow": flow,
+                  "autocompress.store": store_uri},
+            params=params,
+        )
+    info = RunInfo(parent_run_id=parent, experiment=experiment,
+                   tracking_uri=tracker.uri if tracker else None, store_uri=store_uri,
+                   flow_run_id=flow_run_id, track=track)
+    ok = False
+    try:
+        yield info
+        ok = True
+    finally:
+        if tracker is not None and parent is not None:
+            tracker.end_run(parent, ok=ok)
+
+
+def _flow_run_id() -> str | None:
+    try:
+        return runtime.flow_run.id
+    except Exception:  # outside a flow run
+        return None
+
+
+def _existing_parent(tracker, flow_run_id: str | None) -> str | None:
+    if not flow_run_id:
+        return None
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id],
+        filter_string=f"tags.`prefect.flow_run_id` = '{flow_run_id}' "
+                      f"and tags.`autocompress.flow` != ''",
+        max_results=1,
+    )
+    if not runs:
+        return None
+    tracker.client.update_run(runs[0].info.run_id, status="RUNNING")
+    return runs[0].info.run_id
+
+
+def run_steps(steps: Sequence[Step], values: dict[str, Any], run: RunInfo,
+              report: FlowReport) -> dict[str, Any]:
+    """Call each step in order; its output joins ``values`` under the step's name."""
+    logger = get_run_logger()
+    tracker = run.tracker()
+    for step in steps:
+        if step.when and not values.get(step.when):
+            continue
+        missing = [src for src in step.inputs.values() if src not in values]
+        if missing:
+            raise KeyError(f"step {step.name!r} needs {missing}, which no earlier step produced")
+        kwargs = {param: values[src] for param, src in step.inputs.items()}
+        started = time.perf_counter()
+        step_run = run.model_copy(update={"step": step.name})
+        state = step.stage(**kwargs, run=step_run, return_state=True)
+        seconds = time.perf_counter() - started
+        report.steps.append(StepOutcome(name=step.name, state=state.name, seconds=seconds))
+        result = state.result()  # raises the stage's exception if it failed
+        values[step.name] = result
+        logger.info("%s: %s in %.1fs", step.name, state.name, seconds)
+        if tracker is not None and run.parent_run_id:
+            t0 = time.perf_counter()
+            for ref_name, ref in refs_in(result, step.name).items():
+                tracker.log_ref(run.parent_run_id, ref_name, ref)
+            report.tracking_s += time.perf_counter() - t0
+    return values
+
+
+def finish_report(report: FlowReport, run: RunInfo, started: float) -> FlowReport:
+    """Fill in timings and log the summary metrics on the flow's parent run."""
+    report.wall_s = time.perf_counter() - started
+    timings = stage_timings(run.flow_run_id) if run.flow_run_id else []
+    report.stage_work_s = sum(t.body_s for t in timings)
+    report.tracking_s += sum(t.tracking_s for t in timings)
+    report.publish_s = sum(t.publish_s for t in timings)
+    tracker = run.tracker()
+    if tracker is not None and run.parent_run_id:
+        tracker.log_metrics(run.parent_run_id, {
+            "flow.wall_seconds": report.wall_s,
+            "flow.stage_work_seconds": report.stage_work_s,
+            "flow.tracking_seconds": report.tracking_s,
+            "flow.overhead_share": report.overhead_s / report.wall_s if report.wall_s else 0.0,
+            "flow.cached_steps": len(report.cached),
+            "flow.executed_steps": len(report.executed),
+        })
+        for t in timings:
+            tracker.log_metrics(run.parent_run_id, {f"stage_seconds.{t.stage}": t.body_s})
+    return report
+
+
+def new_report(flow: str, run: RunInfo) -> FlowReport:
+    return FlowReport(flow=flow, flow_run_id=run.flow_run_id, mlflow_run_id=run.parent_run_id,
+                      tracking_uri=run.tracking_uri or (tracking_uri() if run.track else None),
+                      store_uri=run.store_uri or Store.from_uri().uri)
+
+
+def refs_of(values: dict[str, Any], names: Sequence[str]) -> dict[str, ArtifactRef]:
+    """The ArtifactRefs among ``values[name]`` for ``names`` (in that order)."""
+    out: dict[str, ArtifactRef] = {}
+    for name in names:
+        if name in values:
+            found = refs_in(values[name], name)
+            out.update(found)
+    return out
+
+
+def quiet_defaults() -> None:
+    """Telemetry off unless the user said otherwise (set before Prefect/MLflow start)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

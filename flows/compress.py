@@ -1,0 +1,218 @@
+"""The ``compress`` flow: one flow run = one compression run (DESIGN §1).
+
+    teacher ─► corpus ─► (1 profile ─► 2 cost model ─► 3 validate gate)
+                      ─► 4 importance ─► 5 search ─► 6 discretize/repair
+                      ─► 7 prune ─► 8 distill ─► 9 evaluate ─► 10 verify ─► 11 register
+    optional Minitron baseline: same importance and distillation budget, 7 → 10
+
+Each box is a ``Step`` below; a stage joins the pipeline by adding its line.
+The compressed model is registered (with lineage) only when its measured
+latency/memory meet the limits; otherwise the report says why.
+
+Re-running with the same parameters reuses every finished stage from the cache
+(keys are content hashes of the inputs + code versions); a stage that failed
+re-runs, and long stages resume from their checkpoints.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.tracking import Lineage
+from flows.common import (
+    FlowReport,
+    Step,
+    finish_report,
+    new_report,
+    refs_of,
+    run_steps,
+    tracked_flow,
+)
+from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
+from tasks.data import prepare_corpus
+from tasks.distill import distill_model
+from tasks.evaluation import evaluate_model
+from tasks.registry import register_model
+from tasks.search import minitron_arch, resolve_limits, search_arch
+from tasks.surgery import prune_model, score_importance
+from tasks.teacher import publish_teacher
+from tasks.verify import verify_model
+
+# The pipeline, in order. Inputs name flow parameters or earlier steps' outputs.
+EVAL = dict(corpus="corpus", tasks="eval_tasks", config="eval_config", limit="eval_limit")
+VERIFY = dict(costmodel="costmodel", target="target", workload="workload", limits="limits",
+              machine="machine", options="verify_options")
+SEARCH_INPUTS = dict(teacher="teacher", corpus="corpus", importance="importance",
+                     costmodel="costmodel", target="target", workload="workload",
+                     limits="limits", options="search_options")
+
+COMPRESS_STEPS: list[Step] = [
+    Step("teacher", publish_teacher, teacher_dir="teacher_dir", label="teacher"),
+    Step("corpus", prepare_corpus, corpus_dir="corpus_dir"),
+    Step("profile", profile_target, target="target", machine="machine"),              # 1
+    Step("costmodel", fit_costmodel, target="target", teacher="teacher", profile="profile",
+         options="costmodel_options"),                                                # 2
+    Step("validation", validate_costmodel, costmodel="costmodel", teacher="teacher",
+         workload="workload", options="validation_options"),                          # 3 gate
+    Step("limits", resolve_limits, teacher="teacher", costmodel="costmodel",
+         workload="workload", limits="limits", budget_fraction="budget_fraction"),
+    Step("importance", score_importance, teacher="teacher", corpus="corpus",
+         options="importance_options"),                                               # 4
+    Step("arch", search_arch, validation="validation", **SEARCH_INPUTS),              # 5+6
+    Step("pruned", prune_model, teacher="teacher", arch="arch", importance="importance"),  # 7
+    Step("model", distill_model, teacher="teacher", student="pruned", corpus="corpus",
+         options="distill_options"),                                                  # 8
+    Step("teacher_eval", evaluate_model, model="teacher", **EVAL),                    # 9
+    Step("evaluation", evaluate_model, model="model", **EVAL),
+    Step("teacher_verification", verify_model, model="teacher", **VERIFY),            # 10
+    Step("verification", verify_model, model="model", **VERIFY),
+]
+
+# The Minitron baseline (``baseline=True``): same importance, cost model, limits
+# and distillation budget; boxes 7-10.
+BASELINE_STEPS: list[Step] = [
+    Step("baseline_arch", minitron_arch, **SEARCH_INPUTS),
+    Step("baseline_pruned", prune_model, teacher="teacher", arch="baseline_arch",
+         importance="importance"),
+    Step("baseline_model", distill_model, teacher="teacher", student="baseline_pruned",
+         corpus="corpus", options="distill_options"),
+    Step("baseline_evaluation", evaluate_model, model="baseline_model", **EVAL),
+    Step("baseline_verification", verify_model, model="baseline_model", **VERIFY),
+]
+
+REGISTER_STEP = Step("registered", register_model, name="register_as", model="model",
+                     lineage="lineage")
+
+# Stages that take an ``options`` dict from the flow's ``options[<name>]``.
+STAGE_OPTIONS = ("costmodel", "validation", "importance", "search", "distill", "verify")
+
+# Steps whose outputs form the lineage chain, in order (missing ones are skipped).
+CHAIN = ["teacher", "corpus", "profile", "costmodel", "validation", "importance", "arch",
+         "pruned", "model", "evaluation", "verification"]
+
+
+def resolve_teacher_dir(teacher: str) -> Path:
+    """``default``, a model directory, or ``models:/NAME/VERSION`` (a registered model)."""
+    from autocompress.paths import resolve_model_dir
+
+    if teacher.startswith("models:/"):
+        from autocompress.artifacts import fetch
+        from autocompress.tracking import lineage
+
+        name, _, version = teacher.removeprefix("models:/").partition("/")
+        info = lineage(name, version or None, check=False).lineage
+        ref = info.artifacts.get("model") or info.artifacts.get("teacher")
+        if ref is None:
+            raise AutoCompressError(f"{teacher} has no model artifact in its lineage",
+                                    "register it with `autocompress teacher train` or a flow")
+        return fetch(ref)
+    return resolve_model_dir(teacher)
+
+
+def build_lineage(values: dict[str, Any], params: dict[str, Any], flow_run_id: str | None,
+                  chain: list[str]) -> Lineage:
+    """The lineage record of a registered model from the flow's step outputs."""
+    refs = refs_of(values, chain)
+    validation = values.get("validation")
+    evaluation = values.get("evaluation")
+    verification = values.get("verification")
+    corpus = values.get("corpus")
+    return Lineage(
+        teacher=str(params["teacher"]),
+        teacher_sha256=values["teacher"].sha256,
+        data_fingerprint=corpus.meta.get("fingerprint") if corpus is not None else None,
+        costmodel_version=(values["costmodel"].meta.get("version") if "costmodel" in values
+                           else None),
+        costmodel_error=dict(validation.metrics) if validation is not None else {},
+        target=params.get("target"),
+        workload=params.get("workload"),
+        limits=values["limits"].model_dump(exclude_none=True),
+        scores=dict(evaluation.metrics) if evaluation is not None else {},
+        measured=dict(verification.metrics) if verification is not None else {},
+        flow_run_id=flow_run_id,
+        artifacts=refs,
+    )
+
+
+@flow(name="compress")
+def compress(
+    teacher: str = "default",
+    target: str = "cpu-local/hf-eager/fp32",
+    workload: str = "local-coding-cpu",
+    limits: Limits | None = None,
+    budget_fraction: float | None = None,
+    baseline: bool = False,
+    eval_tasks: str | None = None,
+    eval_limit: int | None = None,
+    eval_config: dict[str, Any] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    register_as: str | None = "autocompress-compressed",
+    corpus_dir: str | None = None,
+    experiment: str = "autocompress",
+    store: str | None = None,
+    track: bool = True,
+) -> FlowReport:
+    """Compress ``teacher`` to meet ``limits`` on ``target`` for ``workload``.
+
+    Args:
+        teacher: ``default`` (the bundled code teacher), a model directory, or
+            ``models:/NAME/VERSION`` (a model in the MLflow registry).
+        target: hardware/engine/dtype, e.g. ``cpu-local/hf-eager/fp32``.
+        workload: a workload preset name (``local-coding-cpu``, ``datacenter``...).
+        limits: latency / throughput / memory limits (unset = unchecked).
+        budget_fraction: add a limit at this fraction of the teacher's predicted
+            cost on the workload's main metric (e.g. 0.6), on top of ``limits``.
+        baseline: also run the Minitron baseline branch for a side-by-side table.
+        eval_tasks / eval_limit / eval_config: the benchmark suite and its size.
+        options: per-stage settings, ``{stage name: {setting: value}}``.
+        register_as: registry name for the compressed model (None: don't register).
+        corpus_dir: corpus directory (default ``$AUTOCOMPRESS_HOME/corpus``).
+        experiment: MLflow experiment name.
+        store: artifact store (dir, ``file://`` or ``s3://bucket/prefix``; default
+            ``$AUTOCOMPRESS_STORE`` or ``$AUTOCOMPRESS_HOME/artifacts``).
+        track: log to MLflow (off: only Prefect + the artifact store).
+    """
+    from autocompress.paths import default_corpus_dir
+
+    started = time.perf_counter()
+    limits = Limits.model_validate(limits or {}) if not isinstance(limits, Limits) else limits
+    if limits.is_empty() and budget_fraction is None:
+        raise AutoCompressError("no limit to compress for",
+                                "give a limit (e.g. --max-tpot-ms 3) or --budget-fraction 0.6")
+    params = {"teacher": teacher, "target": target, "workload": workload,
+              "limits": limits.model_dump(exclude_none=True),
+              "budget_fraction": budget_fraction, "baseline": baseline,
+              "eval_tasks": eval_tasks, "eval_limit": eval_limit, "options": options or {}}
+    with tracked_flow("compress", params, experiment, store, track) as run:
+        report = new_report("compress", run)
+        values: dict[str, Any] = {
+            **params,
+            "limits": limits,
+            "teacher_dir": resolve_teacher_dir(teacher),
+            "corpus_dir": Path(corpus_dir) if corpus_dir else default_corpus_dir(),
+            "eval_config": eval_config or {},
+            "machine": this_machine(),
+            # options["<stage>"] reaches that stage as its `options` input.
+            **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS},
+        }
+        run_steps(COMPRESS_STEPS, values, run, report)
+        if baseline:
+            run_steps(BASELINE_STEPS, values, run, report)
+        verification = values["verification"]
+        if not verification.metrics.get("ok"):
+            report.notes.append("the compressed model misses its limits when measured "
+                                f"(see {verification.uri}); not registered")
+        elif register_as:
+            values["register_as"] = register_as
+            values["lineage"] = build_lineage(values, params, run.flow_run_id, CHAIN)
+            run_steps([REGISTER_STEP], values, run, report)
+        report.outputs = {step.name: values[step.name]
+                          for step in [*COMPRESS_STEPS, *BASELINE_STEPS, REGISTER_STEP]
+                          if step.name in values}
+        return finish_report(report, run, started)

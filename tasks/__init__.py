@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers around one library call each."""

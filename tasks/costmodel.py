@@ -1,0 +1,165 @@
+"""Cost-model stages (DESIGN §1 boxes 1–3): profile the target, fit, validate (a gate).
+
+Thin wrappers over ``autocompress.hardware`` and ``autocompress.costmodel``.
+Targets that cannot be measured on this machine (GPU spec sheets) get the
+analytic model and skip measured validation; the report says so.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from autocompress.artifacts import ArtifactRef
+from autocompress.errors import AutoCompressError
+from tasks.stage import StageContext, stage
+
+
+class FitOptions(BaseModel):
+    """Arguments of ``costmodel.fit.fit_cost_model`` the flow exposes."""
+
+    workloads: list[str] | None = None
+    n_probes: int = 20
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+
+
+class ValidationOptions(BaseModel):
+    """Arguments of ``validate_cost_model`` plus the gate the flow enforces."""
+
+    workloads: list[str] | None = Field(None, description="default: the flow's workload")
+    n: int = 12
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 1000
+    # The gate: the search trusts the cost model only if it ranks architectures
+    # like the hardware does and is not grossly off. None disables a check.
+    max_mape: float | None = Field(30.0, description="% on the workload's primary metrics")
+    min_kendall_tau: float | None = 0.5
+    gated_metrics: list[str] = ["tpot", "ttft"]
+
+
+def this_machine() -> str:
+    """Identity of the machine a measurement is valid for (part of cache keys)."""
+    return socket.gethostname()
+
+
+@stage("profile", code=["autocompress.hardware"])
+def profile_target(ctx: StageContext, target: str, machine: str) -> ArtifactRef:
+    """Detect and (for measurable targets) benchmark this machine's hardware.
+
+    ``machine`` (the host name) keys the cache: a profile is valid where it was taken.
+    """
+    from autocompress.costmodel import Target
+    from autocompress.hardware import load_profile
+
+    parsed = Target.parse(target)
+    profile = load_profile() if parsed.measurable else None
+    data: dict[str, Any] = {"target": parsed.name, "measurable": parsed.measurable,
+                            "machine": machine,
+                            "profile": profile.model_dump(mode="json") if profile else None}
+    metrics: dict[str, float] = {}
+    if profile is not None and profile.benchmarks is not None:
+        bench = profile.benchmarks
+        metrics = {"gemm_fp32_tflops": bench.gemm_fp32_flops.median / 1e12,
+                   "gemm_bf16_tflops": bench.gemm_bf16_flops.median / 1e12,
+                   "copy_bandwidth_gb_s": bench.copy_bandwidth_bytes_s.median / 1e9}
+    return ctx.publish_json("profile.json", data, kind="hardware-profile", metrics=metrics)
+
+
+def _teacher_config(ctx: StageContext, teacher: ArtifactRef):
+    from transformers import AutoConfig
+
+    import autocompress.modeling  # noqa: F401  (registers the hetero config class)
+
+    return AutoConfig.from_pretrained(ctx.fetch(teacher))
+
+
+def _workloads(names: list[str] | None, default: str):
+    from autocompress.costmodel import get_workload
+
+    return [get_workload(name) for name in (names or [default])]
+
+
+@stage("costmodel", retries=1, code=["autocompress.costmodel", "autocompress.hardware"])
+def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile: ArtifactRef,
+                  options: dict | None = None) -> ArtifactRef:
+    """Fit the cost model on measured probes (measurable targets) or take the analytic one."""
+    from autocompress.costmodel import CostModel, Target
+    from autocompress.costmodel.fit import fit_cost_model
+
+    opts = FitOptions.model_validate(options or {})
+    parsed = Target.parse(target)
+    ctx.log_params({"target": parsed.name, "fit": opts.model_dump()})
+    metrics: dict[str, float] = {}
+    if parsed.measurable:
+        workloads = _workloads(opts.workloads, "") if opts.workloads else None  # None: fit's
+        model, rows = fit_cost_model(parsed, _teacher_config(ctx, teacher), workloads=workloads,
+                                     n_probes=opts.n_probes, repeats=opts.repeats,
+                                     warmup=opts.warmup, seed=opts.seed, progress=False)
+        if model.fit is not None:
+            metrics = {f"train_mape.{k}": float(v) for k, v in model.fit.train_mape.items()}
+            metrics["fit_seconds"] = float(model.fit.seconds)
+    else:
+        model = CostModel.analytic(parsed)
+    path = ctx.scratch() / "costmodel.json"
+    model.save(path)
+    return ctx.publish(path, "costmodel", metrics=metrics,
+                       meta={"version": model.version, "source": model.source,
+                             "target": parsed.name})
+
+
+@stage("validation", retries=1, code=["autocompress.costmodel"])
+def validate_costmodel(ctx: StageContext, costmodel: ArtifactRef, teacher: ArtifactRef,
+                       workload: str, options: dict | None = None) -> ArtifactRef:
+    """Measure sampled architectures, score the cost model, and enforce the gate.
+
+    Raises ``AutoCompressError`` when the gate fails: the search must not run on
+    a cost model that mis-ranks architectures on this target.
+    """
+    from autocompress.costmodel import CostModel
+    from autocompress.costmodel.validate import plot_validation, validate_cost_model
+
+    opts = ValidationOptions.model_validate(options or {})
+    model = CostModel.load(ctx.fetch(costmodel))
+    ctx.log_params({"validation": opts.model_dump(), "cost_model": model.version})
+    if not model.target.measurable:
+        return ctx.publish_json("validation.json", {
+            "cost_model": model.version, "measured": False,
+            "note": f"{model.target.name} cannot be measured on this machine; the analytic "
+                    "model is used unvalidated"}, kind="validation")
+    report = validate_cost_model(model, _teacher_config(ctx, teacher),
+                                 _workloads(opts.workloads, workload), n=opts.n,
+                                 repeats=opts.repeats, warmup=opts.warmup, seed=opts.seed,
+                                 progress=False)
+    metrics = {f"mape.{k}": v for k, v in report.mape.items()}
+    metrics.update({f"kendall_tau.{k}": v for k, v in report.kendall_tau.items()})
+    metrics.update({f"spread.{k}": v for k, v in report.spread.items()})
+    plot = plot_validation(report, ctx.scratch() / "validation.png")
+    ctx.log_file(plot)
+    ref = ctx.publish_json("validation.json", report.model_dump(mode="json"),
+                           kind="validation", metrics=metrics)
+    failures = _gate_failures(report, opts)
+    if failures:
+        raise AutoCompressError(
+            f"cost model {model.version} failed the validation gate: {'; '.join(failures)} "
+            f"(report: {ref.uri})",
+            "refit with more probes/repeats (options.costmodel), or relax "
+            "options.validation.max_mape / min_kendall_tau",
+        )
+    return ref
+
+
+def _gate_failures(report, opts: ValidationOptions) -> list[str]:
+    failures = []
+    for metric in opts.gated_metrics:
+        mape = report.mape.get(metric)
+        tau = report.kendall_tau.get(metric)
+        if opts.max_mape is not None and mape is not None and mape > opts.max_mape:
+            failures.append(f"{metric} MAPE {mape:.1f}% > {opts.max_mape}%")
+        if opts.min_kendall_tau is not None and tau is not None and tau < opts.min_kendall_tau:
+            failures.append(f"{metric} Kendall tau {tau:.2f} < {opts.min_kendall_tau}")
+    return failures

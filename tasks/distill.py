@@ -1,0 +1,46 @@
+"""Distillation stage (DESIGN §1 box 8): KD from the teacher, resumable.
+
+Checkpoints live in the stage's checkpoint dir (same inputs → same dir), so a
+failed or interrupted distillation continues from its last checkpoint when the
+flow is re-run. Multi-GPU distillation (torchrun/FSDP) runs outside this task:
+``autocompress distill`` under ``torchrun`` (see infra/README.md).
+"""
+
+from __future__ import annotations
+
+from autocompress.artifacts import ArtifactRef
+from tasks.stage import StageContext, stage
+
+# A CPU-scale default budget; set options["distill"]["tokens"] for real runs.
+DEFAULT_TOKENS = 200_000
+
+
+@stage("distill", retries=1, code=["autocompress.distill", "autocompress.training",
+                                    "autocompress.modeling", "autocompress.data"])
+def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
+                  corpus: ArtifactRef, options: dict | None = None) -> ArtifactRef:
+    """``autocompress.distill.distill`` teacher → student on the corpus's train split."""
+    import torch
+
+    from autocompress.distill import DistillConfig, DistillData, distill
+    from autocompress.modeling import load_causal_lm
+
+    config = DistillConfig.model_validate({"tokens": DEFAULT_TOKENS, **(options or {})})
+    ctx.log_params({"distill": config.model_dump(mode="json")})
+    teacher_model, teacher_tok = load_causal_lm(ctx.fetch(teacher))
+    student_model, student_tok = load_causal_lm(ctx.fetch(student))
+    tokenizer = student_tok or teacher_tok
+    if torch.cuda.is_available():
+        student_model.to("cuda")
+    data = DistillData.from_corpus(tokenizer, ctx.working_copy(corpus), config.seq_len,
+                                   heldout_windows=config.eval_batches * config.batch_size)
+    work_dir = ctx.checkpoint_dir() / "distill"
+    resume = (work_dir / "checkpoints" / "last").exists()
+    out_dir = ctx.scratch() / "model"
+    result = distill(teacher_model, student_model, data, config, out_dir, tokenizer=tokenizer,
+                     resume=resume, work_dir=work_dir)
+    metrics = {f"final_{k}": float(v) for k, v in result.final_eval.items()}
+    metrics.update({f"initial_{k}": float(v) for k, v in result.initial_eval.items()})
+    metrics["params"] = float(sum(p.numel() for p in student_model.parameters()))
+    return ctx.publish(out_dir, "model", name="model", metrics=metrics, move=True,
+                       meta={"resumed": resume, **student.meta})

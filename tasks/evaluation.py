@@ -1,0 +1,33 @@
+"""Evaluation stage: the benchmark suite on one published model."""
+
+from __future__ import annotations
+
+from autocompress.artifacts import ArtifactRef
+from tasks.stage import StageContext, stage
+
+# Headline numbers copied from the evaluation JSON into the reference's metrics.
+HEADLINE = ("mc_mean", "mc_mean_stderr", "bits_per_byte", "next_token_acc", "heldout_loss")
+
+
+@stage("evaluate", code=["autocompress.evaluation", "autocompress.modeling"])
+def evaluate_model(ctx: StageContext, model: ArtifactRef, corpus: ArtifactRef,
+                   tasks: str | None = None, config: dict | None = None,
+                   limit: int | None = None) -> ArtifactRef:
+    """Run ``autocompress.evaluation.suite.evaluate`` and publish its JSON."""
+    import torch
+
+    from autocompress.evaluation.suite import EvalConfig, evaluate
+    from autocompress.modeling import load_causal_lm
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    lm, tokenizer = load_causal_lm(ctx.fetch(model))
+    cfg = EvalConfig.model_validate(config or {})
+    ctx.log_params({"tasks": tasks or "local", "limit": limit, "eval": cfg.model_dump()})
+    result = evaluate(lm, tokenizer, tasks=tasks, config=cfg, limit=limit,
+                      work_dir=ctx.workdir / "eval", corpus_dir=ctx.working_copy(corpus),
+                      model_name=model.meta.get("label") or model.kind, quiet=True)
+    metrics = {k: float(result[k]) for k in HEADLINE if result.get(k) is not None}
+    for name, entry in result.get("tasks", {}).items():
+        if entry.get("score") is not None:
+            metrics[f"task.{name}"] = float(entry["score"])
+    return ctx.publish_json("evaluation.json", result, kind="evaluation", metrics=metrics)

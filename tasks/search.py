@@ -1,0 +1,107 @@
+"""Search stages (DESIGN §1 boxes 5–6): DNAS + discretize/repair, and the Minitron pick.
+
+Both run on the same ``SearchContext`` (teacher, importance, calibration data,
+cost model of the target), so the baseline is matched to the same hardware
+budget with the same importance. The output is a directory with ``arch.json``
+(the ArchSpec) and the library's report (+ trajectory JSON/PNG for the search).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autocompress.artifacts import ArtifactRef
+from autocompress.limits import Limits
+from tasks.stage import StageContext, stage
+
+SEARCH_CODE = ["autocompress.search", "autocompress.costmodel", "autocompress.importance",
+               "autocompress.modeling", "autocompress.arch", "autocompress.limits"]
+
+
+def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
+             importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
+             options: dict | None):
+    from autocompress.costmodel import CostModel
+    from autocompress.search.run import SearchConfig, SearchContext
+
+    config = SearchConfig.model_validate(options or {})
+    ctx.log_params({"search": config.model_dump(mode="json")})
+    search_ctx = SearchContext.build(
+        str(ctx.fetch(teacher)), target, workload, config=config,
+        importance=ctx.fetch(importance), corpus_dir=ctx.working_copy(corpus),
+        cost_model=CostModel.load(ctx.fetch(costmodel)), progress=False)
+    return search_ctx, config
+
+
+def _arch_metrics(report: dict) -> dict[str, float]:
+    metrics = {f"predicted_{k}": float(v) for k, v in (report.get("predicted") or {}).items()
+               if isinstance(v, int | float)}
+    for key in ("params", "teacher_params"):
+        if report.get(key) is not None:
+            metrics[key] = float(report[key])
+    metrics["meets_limits"] = float(bool(report.get("meets_limits")))
+    return metrics
+
+
+@stage("search", retries=1, code=SEARCH_CODE)
+def search_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
+                importance: ArtifactRef, costmodel: ArtifactRef, validation: ArtifactRef,
+                target: str, workload: str, limits: Limits,
+                options: dict | None = None) -> ArtifactRef:
+    """DNAS under the cost model's constraints, then repair to meet ``limits`` exactly.
+
+    ``validation`` is an input so that the search runs only behind the gate.
+    The DNAS checkpoints live in the stage's checkpoint dir: a re-run resumes.
+    """
+    from autocompress.search.run import search_to_file
+
+    search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
+                                  workload, options)
+    out_dir = ctx.scratch() / "arch"
+    out_dir.mkdir()
+    report = search_to_file(search_ctx, limits, out_dir / "arch.json", config,
+                            work_dir=ctx.checkpoint_dir() / "dnas", progress=False)
+    for png in Path(out_dir).glob("*.png"):
+        ctx.log_file(png)
+    return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
+                       meta={"method": "autocompress-dnas"})
+
+
+@stage("minitron", retries=1, code=SEARCH_CODE)
+def minitron_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
+                  importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
+                  limits: Limits, options: dict | None = None) -> ArtifactRef:
+    """The Minitron baseline architecture matched to the same limits (same importance)."""
+    from autocompress.search.run import minitron_to_file
+
+    search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
+                                  workload, options)
+    out_dir = ctx.scratch() / "arch"
+    out_dir.mkdir()
+    report = minitron_to_file(search_ctx, out_dir / "arch.json", limits=limits, config=config)
+    return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
+                       meta={"method": "minitron"})
+
+
+@stage("limits", code=["autocompress.search.budgets", "autocompress.costmodel",
+                       "autocompress.limits"])
+def resolve_limits(ctx: StageContext, teacher: ArtifactRef, costmodel: ArtifactRef,
+                   workload: str, limits: Limits, budget_fraction: float | None) -> Limits:
+    """``limits`` plus, with ``budget_fraction``, a limit at that fraction of the
+    teacher's predicted cost on the workload's main metric (``limits_from_fraction``)."""
+    if budget_fraction is None:
+        return limits
+    from transformers import AutoConfig
+
+    from autocompress.costmodel import CostModel, get_workload
+    from autocompress.modeling import arch_spec_of
+    from autocompress.search.budgets import limits_from_fraction
+
+    model = CostModel.load(ctx.fetch(costmodel))
+    spec = arch_spec_of(AutoConfig.from_pretrained(ctx.fetch(teacher)))
+    wl = get_workload(workload)
+    teacher_costs = model.predict(spec, wl).metrics()
+    resolved = limits_from_fraction(budget_fraction, teacher_costs, wl, base=limits)
+    ctx.log_params({"limits": resolved.model_dump(exclude_none=True),
+                    "teacher_predicted": teacher_costs})
+    return resolved

@@ -1,0 +1,132 @@
+"""prefect.yaml and infra/ are checked with Prefect's own validators (prefect 3.9).
+
+``prefect deploy`` reads prefect.yaml through ``PrefectYamlModel`` (extra keys
+ignored), then validates each trigger with ``DeploymentTriggerAdapter``, builds
+schedules with ``_schedule_config_to_deployment_schedule`` and loads each
+entrypoint. The same calls run here, plus: parameters validate against each
+flow's signature, and the Kubernetes work pool's base job template passes the
+server's ``WorkPoolCreate`` validation and its variables schema accepts the job
+variables the deployments use.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFECT_YAML = ROOT / "prefect.yaml"
+K8S_TEMPLATE = ROOT / "infra" / "k8s" / "base-job-template.json"
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict:
+    return yaml.safe_load(PREFECT_YAML.read_text())
+
+
+@pytest.fixture(scope="module")
+def deployments(spec):
+    from prefect.cli.deploy._models import PrefectYamlModel
+
+    model = PrefectYamlModel.model_validate(spec)
+    assert model.deployments, "prefect.yaml defines no deployments"
+    return [d.model_dump(exclude_unset=True, mode="json") for d in model.deployments]
+
+
+def _is_template(value) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def test_prefect_yaml_keys_are_all_known(spec):
+    # PrefectYamlModel ignores unknown keys, so a typo ("schedule:" for "schedules:")
+    # would silently drop a setting: check names against the model's fields.
+    from prefect.cli.deploy._models import DeploymentConfig, PrefectYamlModel
+
+    top = set(PrefectYamlModel.model_fields) | {"prefect-version", "definitions"}
+    assert set(spec) <= top
+    for raw in spec["deployments"]:
+        assert set(raw) <= set(DeploymentConfig.model_fields), raw["name"]
+
+
+def test_entrypoints_load_and_parameters_validate(deployments):
+    from prefect.flows import load_flow_from_entrypoint
+
+    names = set()
+    for dep in deployments:
+        flow = load_flow_from_entrypoint(str(ROOT / dep["entrypoint"]))
+        names.add(dep["name"])
+        params = dep.get("parameters", {})
+        flow.validate_parameters(params)  # raises on unknown or ill-typed parameters
+        for trigger in dep.get("triggers") or []:
+            merged = {**params, **{k: "x" if _is_template(v) else v
+                                   for k, v in trigger.get("parameters", {}).items()}}
+            flow.validate_parameters(merged)
+    assert len(names) == len(deployments), "deployment names must be unique"
+
+
+def test_schedules_and_triggers_pass_prefects_validation(deployments):
+    from prefect.cli.deploy._schedules import _schedule_config_to_deployment_schedule
+    from prefect.cli.deploy._triggers import _initialize_deployment_triggers
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+
+    kinds = set()
+    for dep in deployments:
+        for schedule in dep.get("schedules") or []:
+            built = _schedule_config_to_deployment_schedule(schedule)
+            kinds.add(type(built["schedule"]).__name__)
+        triggers = _initialize_deployment_triggers(dep["name"], copy.deepcopy(
+            dep.get("triggers") or []))
+        kinds.update(type(t).__name__ for t in triggers)
+        for trigger in triggers:
+            if isinstance(trigger, DeploymentEventTrigger):
+                assert "autocompress.teacher.registered" in trigger.expect
+    assert {"CronSchedule", "DeploymentEventTrigger"} <= kinds
+
+
+def test_event_trigger_matches_what_the_teacher_flow_emits(spec):
+    from flows.train_teacher import TEACHER_EVENT
+
+    triggered = [d for d in spec["deployments"] if d.get("triggers")]
+    assert triggered and all(TEACHER_EVENT in t["expect"]
+                             for d in triggered for t in d["triggers"])
+    # The template names payload keys the flow puts in the event.
+    source = (ROOT / "flows" / "train_teacher.py").read_text()
+    assert '"name": registered.name' in source and '"version": registered.version' in source
+
+
+def test_work_pools_and_kubernetes_gpu_template(deployments):
+    from prefect.server.schemas.actions import WorkPoolCreate
+    from prefect.utilities.schema_tools import validate
+    from prefect.workers.process import ProcessWorker
+
+    template = json.loads(K8S_TEMPLATE.read_text())
+    WorkPoolCreate(name="autocompress-k8s-gpu", type="kubernetes", base_job_template=template)
+    manifest = template["job_configuration"]["job_manifest"]
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu }}"
+    pools = {dep["work_pool"]["name"]: dep["work_pool"] for dep in deployments}
+    assert set(pools) == {"autocompress-process", "autocompress-docker", "autocompress-k8s-gpu"}
+    k8s_vars = pools["autocompress-k8s-gpu"].get("job_variables", {})
+    validate(k8s_vars, template["variables"], raise_on_error=True, preprocess=True,
+             ignore_required=True)
+    process_template = ProcessWorker.get_default_base_job_template()
+    validate(pools["autocompress-process"].get("job_variables", {}),
+             process_template["variables"], raise_on_error=True, preprocess=True,
+             ignore_required=True)
+
+
+def test_compose_file_has_the_services_it_promises():
+    compose = yaml.safe_load((ROOT / "infra" / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"prefect-server", "worker", "mlflow", "postgres", "minio"} <= set(services)
+    assert "postgresql://" in services["mlflow"]["command"]
+    assert services["worker"]["environment"]["AUTOCOMPRESS_STORE"].startswith("s3://")
+    dockerfile = (ROOT / "infra" / "Dockerfile").read_text()
+    assert "ARG BASE=" in dockerfile and "TORCH_INDEX" in dockerfile

@@ -1,0 +1,354 @@
+"""Flows under the Prefect test harness: resume, retries, S3 artifacts, the registry.
+
+Real services only: Prefect's test server (one per session), MLflow on sqlite or
+as a real ``mlflow server`` on 127.0.0.1, moto's S3 server on 127.0.0.1. The
+stages are small but real: a tiny random Llama saved with ``save_pretrained``,
+its parameter count and loss on fixed tokens, a checkpointed loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+# Telemetry off and a private PREFECT_HOME before Prefect is imported.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-home-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from prefect import flow  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from autocompress.artifacts import ArtifactRef, Store  # noqa: E402
+from autocompress.tracking import Lineage, Tracker, get_tracker  # noqa: E402
+from flows.common import (  # noqa: E402
+    FlowReport,
+    Step,
+    finish_report,
+    new_report,
+    run_steps,
+    tracked_flow,  # noqa: E402
+)
+from tasks.registry import register_model  # noqa: E402
+from tasks.stage import StageContext, reset_faults, stage  # noqa: E402
+
+CALLS: dict[str, int] = {}
+RESUMED_AT: list[int] = []
+FAIL_LATE_ONCE = {"armed": False}
+
+
+def _count(name: str) -> None:
+    CALLS[name] = CALLS.get(name, 0) + 1
+
+
+# ---------------------------------------------------------------- small real stages
+
+
+@stage("tiny_teacher", code=["autocompress.modeling.tiny"], retry_delay_seconds=0)
+def tiny_teacher(ctx: StageContext, seed: int) -> ArtifactRef:
+    """A tiny random Llama, saved the way a real teacher is."""
+    from autocompress.modeling.tiny import tiny_model
+
+    _count("tiny_teacher")
+    model = tiny_model("llama", seed=seed)
+    out = ctx.scratch() / "model"
+    model.save_pretrained(out)
+    params = float(sum(p.numel() for p in model.parameters()))
+    return ctx.publish(out, "teacher", name="model", metrics={"params": params})
+
+
+@stage("loss_report", retry_delay_seconds=0)
+def loss_report(ctx: StageContext, model: ArtifactRef) -> ArtifactRef:
+    """Parameter count and next-token loss on fixed random tokens."""
+    from transformers import AutoModelForCausalLM
+
+    _count("loss_report")
+    lm = AutoModelForCausalLM.from_pretrained(ctx.fetch(model))
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, lm.config.vocab_size, (2, 16), generator=generator)
+    with torch.no_grad():
+        loss = float(lm(input_ids=tokens, labels=tokens).loss)
+    ctx.log_metrics({"loss": loss})
+    return ctx.publish_json("loss.json", {"loss": loss}, metrics={"loss": loss})
+
+
+@stage("late", retries=0)
+def late(ctx: StageContext, model: ArtifactRef, report: ArtifactRef, steps: int = 4) -> ArtifactRef:
+    """A checkpointed loop: resumes from ``checkpoint_dir`` after a failure."""
+    _count("late")
+    progress = ctx.checkpoint_dir() / "progress.json"
+    start = json.loads(progress.read_text())["step"] if progress.exists() else 0
+    RESUMED_AT.append(start)
+    for step in range(start, steps):
+        progress.write_text(json.dumps({"step": step + 1}))
+        if step == 1 and FAIL_LATE_ONCE["armed"]:
+            FAIL_LATE_ONCE["armed"] = False
+            raise RuntimeError("injected fault in the middle of the late stage")
+    return ctx.publish_json("late.json", {"steps": steps, "report": report.sha256})
+
+
+@stage("flaky", retries=2, retry_delay_seconds=0)
+def flaky(ctx: StageContext, model: ArtifactRef) -> ArtifactRef:
+    _count("flaky")
+    return ctx.publish_json("flaky.json", {"model": model.sha256})
+
+
+DEMO_STEPS = [
+    Step("teacher", tiny_teacher, seed="seed"),
+    Step("report", loss_report, model="teacher"),
+    Step("late", late, model="teacher", report="report"),
+]
+
+
+@flow(name="orchestration-demo")
+def demo_flow(seed: int = 0, experiment: str = "test", with_flaky: bool = False,
+              register_as: str | None = None) -> FlowReport:
+    started = time.perf_counter()
+    with tracked_flow("orchestration-demo", {"seed": seed}, experiment) as run:
+        report = new_report("orchestration-demo", run)
+        values = {"seed": seed, "with_flaky": with_flaky}
+        steps = [*DEMO_STEPS, Step("flaky", flaky, when="with_flaky", model="teacher")]
+        run_steps(steps, values, run, report)
+        if register_as:
+            values["name"] = register_as
+            values["lineage"] = Lineage(
+                teacher=f"tiny-llama-seed{seed}", teacher_sha256=values["teacher"].sha256,
+                scores=dict(values["report"].metrics), flow_run_id=run.flow_run_id,
+                artifacts={k: values[k] for k in ("teacher", "report", "late")},
+            )
+            run_steps([Step("registered", register_model, name="name", model="teacher",
+                            lineage="lineage")], values, run, report)
+        report.outputs = {k: v for k, v in values.items()
+                          if k in ("teacher", "report", "late", "flaky", "registered")}
+        return finish_report(report, run, started)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    from prefect.settings import (
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    with temporary_settings({PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 600}):
+        with prefect_test_harness(server_startup_timeout=600):
+            yield
+
+
+@pytest.fixture(scope="session")
+def mlflow_db_template(tmp_path_factory) -> Path:
+    """An MLflow sqlite database with its schema created once (migrations cost ~10 s)."""
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    Tracker("warmup", uri=f"sqlite:///{path}", artifact_location=path.parent.as_uri())
+    return path
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, prefect_server, mlflow_db_template):
+    """A fresh AutoCompress home, MLflow store and fault/counter state per test."""
+    db = tmp_path / "mlflow.db"
+    shutil.copy(mlflow_db_template, db)
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    for var in ("AUTOCOMPRESS_STORE", "AUTOCOMPRESS_RESULTS", "AUTOCOMPRESS_FAULTS",
+                "AUTOCOMPRESS_MLFLOW_ARTIFACTS"):
+        monkeypatch.delenv(var, raising=False)
+    reset_faults()
+    CALLS.clear()
+    RESUMED_AT.clear()
+    FAIL_LATE_ONCE["armed"] = False
+    torch.set_num_threads(1)
+    return tmp_path
+
+
+def _states(report: FlowReport) -> dict[str, str]:
+    return {s.name: s.state for s in report.steps}
+
+
+def _stage_runs(experiment: str, stage_name: str):
+    tracker = get_tracker(experiment)
+    return tracker.client.search_runs(
+        [tracker.experiment_id], filter_string=f"tags.`autocompress.stage` = '{stage_name}'")
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_resume_reuses_finished_stages_and_restarts_from_checkpoint(env):
+    FAIL_LATE_ONCE["armed"] = True
+    with pytest.raises(RuntimeError, match="injected fault"):
+        demo_flow(seed=0)
+    assert CALLS == {"tiny_teacher": 1, "loss_report": 1, "late": 1}
+
+    report = demo_flow(seed=0)
+    assert _states(report) == {"teacher": "Cached", "report": "Cached", "late": "Completed"}
+    assert CALLS == {"tiny_teacher": 1, "loss_report": 1, "late": 2}
+    assert RESUMED_AT == [0, 2]  # the second attempt continued from its checkpoint
+    assert all(Store.for_ref(r).verify(r) == "ok" for r in report.outputs.values())
+
+    # Other inputs are other cache keys; a third identical run is all cache hits.
+    assert _states(demo_flow(seed=1))["teacher"] == "Completed"
+    assert set(_states(demo_flow(seed=0)).values()) == {"Cached"}
+    assert CALLS["tiny_teacher"] == 2
+    # The failed and the successful attempt of `late` each have an MLflow child run.
+    statuses = sorted(r.info.status for r in _stage_runs("test", "late"))
+    assert statuses == ["FAILED", "FINISHED", "FINISHED"]
+
+
+def test_transient_fault_is_retried_and_the_run_succeeds(env, monkeypatch):
+    monkeypatch.setenv("AUTOCOMPRESS_FAULTS", "flaky:1")
+    report = demo_flow(seed=0, with_flaky=True)
+    assert _states(report)["flaky"] == "Completed"
+    assert CALLS["flaky"] == 1  # the fault hits before the body on attempt 1
+    runs = _stage_runs("test", "flaky")
+    attempts = {r.data.tags["autocompress.attempt"]: r.info.status for r in runs}
+    assert attempts == {"1": "FAILED", "2": "FINISHED"}
+    parent = get_tracker("test").client.get_run(runs[0].data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["artifact.flaky.sha256"] == report.outputs["flaky"].sha256
+    assert report.stage_work_s > 0 and report.wall_s >= report.stage_work_s
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def test_s3_artifacts_results_and_mlflow_artifact_uris(env, moto_endpoint, monkeypatch):
+    import boto3
+
+    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL_S3": moto_endpoint,
+                       "MLFLOW_S3_ENDPOINT_URL": moto_endpoint}.items():
+        monkeypatch.setenv(var, value)
+    bucket = f"ac{free_port()}"
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint)
+    s3.create_bucket(Bucket=bucket)
+    monkeypatch.setenv("AUTOCOMPRESS_STORE", f"s3://{bucket}/ac")
+
+    report = demo_flow(seed=3, experiment="s3-exp")
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+    for name in ("teacher", "report", "late"):
+        ref = report.outputs[name]
+        assert ref.uri.startswith(f"s3://{bucket}/ac/"), ref.uri
+        assert Store.for_ref(ref).verify(ref) == "ok"
+        assert ref.uri.removeprefix(f"s3://{bucket}/") + ".manifest.json" in keys
+    assert any(k.startswith("ac/prefect-results/") for k in keys)  # Prefect's results
+    assert not (env / "home" / "prefect-results").exists()
+
+    tracker = get_tracker("s3-exp")
+    assert tracker.client.get_experiment(tracker.experiment_id).artifact_location == \
+        f"s3://{bucket}/ac/mlflow/s3-exp"
+    parent = tracker.client.get_run(report.mlflow_run_id)
+    assert parent.info.artifact_uri.startswith(f"s3://{bucket}/ac/mlflow/s3-exp/")
+    ref_key = parent.info.artifact_uri.removeprefix(f"s3://{bucket}/") + "/refs/teacher.json"
+    logged = json.loads(s3.get_object(Bucket=bucket, Key=ref_key)["Body"].read())
+    assert logged["sha256"] == report.outputs["teacher"].sha256
+
+    # A new run finds every result in S3 (nothing is cached locally).
+    again = demo_flow(seed=3, experiment="s3-exp")
+    assert set(_states(again).values()) == {"Cached"}
+    assert again.outputs["late"] == report.outputs["late"]
+
+
+@pytest.fixture
+def mlflow_server(env, mlflow_db_template):
+    port = free_port()
+    db = env / "server.db"
+    shutil.copy(mlflow_db_template, db)
+    log = open(env / "mlflow-server.log", "w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
+         "--artifacts-destination", str(env / "mlartifacts")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300  # slow on a loaded 2-core machine
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise RuntimeError((env / "mlflow-server.log").read_text()[-2000:]) from None
+            time.sleep(0.5)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+
+
+def test_registry_lineage_through_an_mlflow_server(env, mlflow_server, monkeypatch):
+    from autocompress.cli import app
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    report = demo_flow(seed=5, experiment="registry-exp", register_as="tiny-demo")
+    registered = report.outputs["registered"]
+    assert (registered.name, registered.version) == ("tiny-demo", 1)
+    assert registered.tracking_uri == mlflow_server
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["lineage", "tiny-demo@1", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["lineage"]["teacher_sha256"] == report.outputs["teacher"].sha256
+    assert data["lineage"]["flow_run_id"] == report.flow_run_id
+    assert [link["stage"] for link in data["chain"]] == ["teacher", "report", "late"]
+    assert {link["status"] for link in data["chain"]} == {"ok"}
+    assert data["lineage"]["scores"]["loss"] == report.outputs["report"].metrics["loss"]
+    pretty = runner.invoke(app, ["lineage", "tiny-demo"])
+    assert pretty.exit_code == 0 and "tiny-demo@1" in pretty.output
+
+    # The registered version is a LoggedModel holding MLmodel + lineage.json.
+    client = get_tracker("registry-exp").client
+    version = client.get_model_version("tiny-demo", "1")
+    model_id = data["model_id"]
+    assert model_id and version.run_id == report.mlflow_run_id
+    assert client.get_logged_model(model_id).tags["lineage.teacher"] == "tiny-llama-seed5"
+    files = {f.path for f in client.list_logged_model_artifacts(model_id)}
+    assert {"MLmodel", "lineage.json"} <= files
+
+    # Tamper with the teacher's weights: lineage notices and exits 1.
+    teacher_dir = report.outputs["teacher"].local_path()
+    weights = next(teacher_dir.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
+    bad = runner.invoke(app, ["lineage", "tiny-demo@1"])
+    assert bad.exit_code == 1 and "mismatch" in bad.output

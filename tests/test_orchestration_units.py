@@ -1,0 +1,251 @@
+"""Artifacts, stores, cache keys and lineage tags — no Prefect server needed.
+
+The S3 tests talk to a real S3-compatible server (moto's) on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+
+from autocompress.artifacts import (
+    MANIFEST_SUFFIX,
+    ArtifactRef,
+    LocalStore,
+    S3Store,
+    Store,
+    sha256_path,
+)
+from autocompress.errors import AutoCompressError
+from autocompress.tracking import Lineage
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------- hashing
+
+
+def test_dir_hash_depends_on_names_and_content_not_creation_order(tmp_path):
+    a = _tree(tmp_path / "a", {"x.json": "1", "sub/y.bin": "2"})
+    b = _tree(tmp_path / "b", {"sub/y.bin": "2", "x.json": "1"})
+    assert sha256_path(a) == sha256_path(b)
+    (b / "x.json").write_text("changed")
+    assert sha256_path(a) != sha256_path(b)
+    c = _tree(tmp_path / "c", {"x.json": "1", "sub/z.bin": "2"})  # same bytes, other name
+    assert sha256_path(a) != sha256_path(c)
+    # A file hashes as its bytes (sha256sum-compatible).
+    import hashlib
+
+    assert sha256_path(a / "x.json") == hashlib.sha256(b"1").hexdigest()
+
+
+def test_hash_of_missing_path_is_a_user_error(tmp_path):
+    with pytest.raises(AutoCompressError):
+        sha256_path(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------- local store
+
+
+def test_local_publish_is_content_addressed_atomic_and_verifiable(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    src = _tree(tmp_path / "model", {"config.json": "{}", "weights.bin": "w" * 1000})
+    ref = store.publish(src, "model", metrics={"params": 3.0})
+    path = ref.local_path()
+    assert path.is_dir() and ref.sha256[:16] in ref.uri
+    assert ref.sha256 == sha256_path(src) and ref.size_bytes == 1002
+    assert store.verify(ref) == "ok"
+    # Publishing the same content again returns the same reference, no copy.
+    again = store.publish(src, "model", metrics={"params": 3.0})
+    assert again == ref
+    # No temp leftovers next to the artifact.
+    assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
+    # Tampering is detected; so is a missing manifest (an interrupted publish).
+    (path / "weights.bin").write_text("tampered")
+    assert store.verify(ref) == "mismatch"
+    with pytest.raises(AutoCompressError, match="mismatch"):
+        store.fetch(ref)
+    path.with_name(path.name + MANIFEST_SUFFIX).unlink()
+    assert store.verify(ref) == "incomplete"
+
+
+def test_local_publish_move_and_fetch_copy(tmp_path):
+    store = Store.from_uri(tmp_path / "store")
+    src = tmp_path / "report.json"
+    src.write_text(json.dumps({"a": 1}))
+    ref = store.publish(src, "report", move=True)
+    assert not src.exists()
+    copy = store.fetch(ref, tmp_path / "copy.json")
+    assert json.loads(copy.read_text()) == {"a": 1}
+    assert ArtifactRef.model_validate_json(ref.model_dump_json()) == ref
+
+
+def test_default_store_is_under_autocompress_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AUTOCOMPRESS_STORE", raising=False)
+    store = Store.from_uri()
+    assert isinstance(store, LocalStore)
+    assert store.root == (tmp_path / "home" / "artifacts").resolve()
+    with pytest.raises(AutoCompressError):
+        Store.from_uri("ftp://host/x")
+
+
+# ---------------------------------------------------------------- S3 store
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(moto_endpoint, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
+    import boto3
+
+    bucket = f"b{free_port()}"
+    boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=bucket)
+    return bucket
+
+
+def test_s3_publish_writes_manifest_last_and_fetch_checks_hash(tmp_path, s3_env):
+    store = Store.from_uri(f"s3://{s3_env}/runs")
+    assert isinstance(store, S3Store)
+    src = _tree(tmp_path / "model", {"config.json": "{}", "sub/w.bin": "weights"})
+    ref = store.publish(src, "model")
+    assert ref.uri.startswith(f"s3://{s3_env}/runs/model/")
+    keys = store.list_keys()
+    key = ref.uri.removeprefix(f"s3://{s3_env}/")
+    assert sorted(keys) == sorted([f"{key}/config.json", f"{key}/sub/w.bin",
+                                   key + MANIFEST_SUFFIX])
+    assert store.verify(ref) == "ok"
+    local = store.fetch(ref, tmp_path / "fetched")
+    assert sha256_path(local) == ref.sha256
+    # Overwrite an object behind the store's back: the hash check catches it.
+    store.client.put_object(Bucket=s3_env, Key=f"{key}/sub/w.bin", Body=b"evil")
+    assert store.verify(ref) == "mismatch"
+    with pytest.raises(AutoCompressError, match="hash check"):
+        store.fetch(ref, tmp_path / "again")
+    assert not (tmp_path / "again").exists()
+    # Without a manifest (a half-finished upload) the artifact is not trusted.
+    store.client.delete_object(Bucket=s3_env, Key=key + MANIFEST_SUFFIX)
+    assert store.verify(ref) == "missing"
+    with pytest.raises(AutoCompressError, match="missing or incompletely uploaded"):
+        store.fetch(ref, tmp_path / "third")
+
+
+def test_s3_errors_are_one_line_with_a_hint(tmp_path, s3_env, monkeypatch):
+    src = tmp_path / "f.txt"
+    src.write_text("x")
+    with pytest.raises(AutoCompressError) as err:
+        Store.from_uri(f"s3://no-such-bucket-{free_port()}/x").publish(src, "report")
+    assert "NoSuchBucket" in err.value.message and err.value.hint
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(AutoCompressError, match="no AWS credentials") as err:
+        Store.from_uri(f"s3://{s3_env}/x").publish(src, "report")
+    assert "AWS_ACCESS_KEY_ID" in err.value.hint
+
+
+# ---------------------------------------------------------------- lineage tags
+
+
+def test_lineage_tags_round_trip():
+    refs = {
+        "teacher": ArtifactRef(uri="file:///t", sha256="a" * 64, kind="teacher"),
+        "model": ArtifactRef(uri="s3://b/m", sha256="b" * 64, kind="model"),
+    }
+    lineage = Lineage(teacher="default", teacher_sha256="a" * 64, data_fingerprint="f" * 64,
+                      costmodel_version="c" * 64, costmodel_error={"tpot_ms.mape": 0.07},
+                      target="cpu-local/hf-eager/fp32", workload="local-coding-cpu",
+                      limits={"max_tpot_ms": 3.0}, scores={"mc_mean": 0.41},
+                      measured={"tpot_ms": 2.9}, flow_run_id="fr", artifacts=refs)
+    tags = lineage.to_tags()
+    assert all(isinstance(v, str) and len(v) <= 5000 for v in tags.values())
+    assert tags["lineage.chain"] == "teacher,model"
+    back = Lineage.from_tags(tags)
+    assert back.model_dump() == lineage.model_dump()
+    with pytest.raises(AutoCompressError):
+        Lineage.from_tags({"foo": "bar"})
+
+
+# ---------------------------------------------------------------- cache keys
+
+
+def _stage_body(ctx, model, config):  # the "source" of a stage for the policy below
+    return model
+
+
+def test_cache_key_follows_content_and_code_not_uris_or_run(tmp_path):
+    import torch
+
+    from tasks.stage import RunInfo, StageCachePolicy
+
+    policy = StageCachePolicy(stage_name="prune", stage_fn=_stage_body,
+                              code_modules=("autocompress.artifacts",))
+    a = ArtifactRef(uri="file:///one/place", sha256="a" * 64, kind="model")
+    moved = a.model_copy(update={"uri": "s3://bucket/elsewhere"})
+
+    def key(model, config=None, run=None, p=policy):
+        return p.compute_key(None, {"model": model, "config": config or {"k": 1},
+                                    "run": run or RunInfo()}, {})
+
+    assert key(a) == key(moved, run=RunInfo(parent_run_id="other"))  # same content
+    assert key(a) != key(a.model_copy(update={"sha256": "b" * 64}))
+    assert key(a) != key(a, config={"k": 2})
+    assert key(a).startswith("prune-")
+    bumped = StageCachePolicy(stage_name="prune", stage_fn=_stage_body, version="2",
+                              code_modules=("autocompress.artifacts",))
+    assert key(a) != key(a, p=bumped)
+    # A directory input counts by its content.
+    d = _tree(tmp_path / "teacher", {"config.json": "{}"})
+    before = key(d)
+    (d / "config.json").write_text('{"changed": 1}')
+    assert key(d) != before
+    # Models and tensors are refused: publish them and pass the reference.
+    with pytest.raises(TypeError, match="ArtifactRef"):
+        key(torch.zeros(2))
+
+
+def test_working_copy_keeps_published_inputs_immutable(tmp_path, monkeypatch):
+    from tasks.stage import RunInfo, StageContext
+
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AUTOCOMPRESS_STORE", raising=False)
+    ctx = StageContext(name="x", run=RunInfo(track=False), key="x-k", workdir=tmp_path / "w")
+    corpus = ctx.publish(_tree(tmp_path / "corpus", {"manifest.json": "{}"}), "corpus")
+    copy = ctx.working_copy(corpus)
+    (copy / "tokens").mkdir()  # what a tokenizer cache would do
+    (copy / "tokens" / "cache.bin").write_text("cached")
+    assert Store.for_ref(corpus).verify(corpus) == "ok"
+    assert ctx.working_copy(corpus) == copy and (copy / "tokens" / "cache.bin").exists()
+    assert ctx.fetch(corpus) == corpus.local_path()
