@@ -1,0 +1,80 @@
+"""CLI for the results area: `autocompress bench compare | report | readme-table`."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import typer
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_JSON = REPO / "results" / "compare.json"
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the main app."""
+    bench = typer.Typer(help="AutoCompress vs Minitron comparison, report and README table.",
+                        no_args_is_help=True)
+    bench.command("compare", context_settings={"allow_extra_args": True,
+                                               "ignore_unknown_options": True})(compare_command)
+    bench.command("report")(report_command)
+    bench.command("readme-table")(readme_table_command)
+    app.add_typer(bench, name="bench")
+
+
+def _compare_module():
+    """``bench/compare.py`` of this source checkout (the benchmark is not packaged)."""
+    from autocompress.errors import AutoCompressError
+
+    path = REPO / "bench" / "compare.py"
+    if not path.exists():
+        raise AutoCompressError(f"{path} not found: `bench compare` runs from a source checkout",
+                                hint="clone the repository and install it editable")
+    spec = importlib.util.spec_from_file_location("autocompress_bench_compare", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compare_command(ctx: typer.Context) -> None:
+    """Run AutoCompress and the matched Minitron baseline on the CPU presets.
+
+    Options are those of bench/compare.py (see `autocompress bench compare --help`):
+    --presets, --budgets (fractions of the teacher's predicted main-metric cost,
+    default 0.6 0.4), --distill-tokens, --eval-limit, --search-steps, --seed,
+    --report. Stages are cached under results/compare-work/, so a re-run resumes.
+    Writes results/compare.json.
+    """
+    _compare_module().main(list(ctx.args))
+
+
+def report_command(
+    json_path: Path = typer.Option(DEFAULT_JSON, "--json", help="compare.json to read."),
+    out_dir: Path = typer.Option(None, "--out", help="Folder for report.md + PNGs "
+                                 "(default: beside the JSON)."),
+) -> None:
+    """Write report.md and the plots from a compare.json."""
+    from autocompress.report import load_compare, write_report
+
+    path = write_report(load_compare(json_path), out_dir or json_path.parent)
+    typer.echo(f"wrote {path}")
+
+
+def readme_table_command(
+    json_path: Path = typer.Option(DEFAULT_JSON, "--json", help="compare.json to read."),
+    readme: Path = typer.Option(REPO / "README.md", "--readme",
+                                help="README whose <!-- results:start/end --> block to replace."),
+) -> None:
+    """Regenerate the README results table from results/compare.json.
+
+    Replaces only the text between `<!-- results:start -->` and `<!-- results:end -->`;
+    if the README or the markers are missing, prints the table instead.
+    """
+    from autocompress.report import load_compare, readme_table, update_readme
+
+    data = load_compare(json_path)
+    if readme.exists() and update_readme(readme, data):
+        typer.echo(f"updated the results table in {readme}")
+    else:
+        typer.echo(readme_table(data))
+        typer.echo(f"({readme} has no results markers; printed the table instead)", err=True)

@@ -1,0 +1,171 @@
+"""Report, plots and README table from a compare.json.
+
+The compare.json here is a SYNTHETIC FIXTURE built by ``_synthetic()`` below to
+exercise the report code; its numbers are made up and claim nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from autocompress import report
+
+
+def _arch(hidden: int, heads: list[int], kv: list[int], ffn: list[int]) -> dict:
+    layers = []
+    for h, k, f in zip(heads, kv, ffn, strict=True):
+        layers.append({"attention": {"num_heads": h, "num_kv_heads": k} if h else None,
+                       "ffn": {"intermediate_size": f} if f else None})
+    return {"hidden_size": hidden, "layers": layers}
+
+
+def _method(arch: dict, params: int, mc: float, loss_pruned: float, loss_kd: float,
+            tpot: float, ok: bool) -> dict:
+    measured = {"ttft_ms": 20.0, "tpot_ms": tpot, "e2e_ms": 20 + 31 * tpot,
+                "throughput_tok_s": 1000 / tpot, "memory_gb": 0.03}
+    predicted = {k: v * 1.1 for k, v in measured.items()}
+    return {"arch": arch, "params": params, "predicted": predicted, "measured": measured,
+            "noise": {k: 0.1 for k in measured}, "verify_ok": ok,
+            "violations": [] if ok else ["tpot_ms"],
+            "scores": {"mc_mean": mc, "mc_mean_stderr": 0.01, "heldout_loss_pruned": loss_pruned,
+                       "heldout_loss_distilled": loss_kd}}
+
+
+def _synthetic(minitron_wins: bool) -> dict:
+    """A made-up two-run comparison (fixture, not a result)."""
+    teacher = _arch(64, [4, 4, 4], [2, 2, 2], [128, 128, 128])
+    runs = []
+    for preset, frac in (("interactive-cpu", 0.6), ("interactive-cpu", 0.4)):
+        a_mc, m_mc = (0.30, 0.40) if minitron_wins else (0.45, 0.40)
+        runs.append({
+            "preset": preset, "budget_fraction": frac, "main_metric": "tpot_ms",
+            "limits": {"max_tpot_ms": 10 * frac},
+            "teacher_verify": {"measured": {"ttft_ms": 30.0, "tpot_ms": 9.0, "memory_gb": 0.05,
+                                            "throughput_tok_s": 111.0},
+                               "predicted": {"ttft_ms": 28.0, "tpot_ms": 10.0,
+                                             "memory_gb": 0.05, "throughput_tok_s": 100.0},
+                               "noise": {"tpot_ms": 0.2}, "ok": False},
+            "methods": {
+                "autocompress": _method(_arch(48, [4, 0, 2], [2, 0, 1], [96, 64, 0]), 1000,
+                                        a_mc, 5.0, 4.5, 3.5, True),
+                "minitron": _method(_arch(48, [2, 2, 2], [1, 1, 1], [64, 64, 64]), 1100,
+                                    m_mc, 5.2, 4.6, 3.9, False),
+            }})
+    return {"version": 1, "synthetic": True, "created": "fixture", "target": "cpu-local/x",
+            "settings": {"distill_tokens": 1000, "eval_limit": 10, "seed": 0},
+            "teacher": {"dir": "t", "params": 5000, "arch": teacher,
+                        "scores": {"mc_mean": 0.5, "mc_mean_stderr": 0.01,
+                                   "heldout_loss_fixed": 4.0}},
+            "runs": runs, "not_run": [{"preset": "datacenter-cpu", "budget_fraction": 0.4,
+                                       "reason": "no time"}], "wall_s": 1.0}
+
+
+def test_table_has_teacher_and_every_method_row():
+    data = _synthetic(minitron_wins=False)
+    table = report.readme_table(data)
+    body = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert len(body) == 1 + 2 * len(data["runs"])
+    assert body[0].split("|")[4].strip() == "teacher"
+    assert "FAIL (tpot_ms)" in table and "pass" in table
+    assert "5.000 → 4.500" in table  # loss before → after distillation, from the JSON
+    assert "SYNTHETIC" in table
+
+
+@pytest.mark.parametrize("minitron_wins", [True, False])
+def test_verdict_follows_the_numbers(minitron_wins):
+    verdicts = report.verdicts(_synthetic(minitron_wins))
+    assert len(verdicts) == 2
+    for v in verdicts:
+        assert v["meets_bar"] is (not minitron_wins)
+        assert (v["mc_delta"] < 0) is minitron_wins
+        assert v["both_verified"] is False  # the fixture's Minitron fails verification
+    text = "\n".join(report.analysis_text(_synthetic(minitron_wins)))
+    assert ("Minitron ahead" in text) is minitron_wins
+    assert ("does NOT meet" in text) is minitron_wins
+
+
+def test_write_report_makes_markdown_and_plots(tmp_path):
+    path = report.write_report(_synthetic(minitron_wins=True), tmp_path)
+    text = path.read_text()
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["accuracy_vs_cost.png", "arch_interactive-cpu_40.png",
+                    "arch_interactive-cpu_60.png", "predicted_vs_measured.png"]
+    for name in pngs:
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"({name})" in text
+    assert "SYNTHETIC" in text and "datacenter-cpu" in text  # not-run entries are listed
+    # predicted vs measured table: one row per model and metric (teacher + 2 methods) x 2 runs
+    assert text.count("| tpot_ms |") == 6
+
+
+def test_arch_matrix_marks_removed_blocks_as_zero():
+    m = report.arch_matrix(_arch(48, [4, 0, 2], [2, 0, 1], [96, 64, 0]))
+    assert m == {"query heads": [4, 0, 2], "KV groups": [2, 0, 1], "FFN width": [96, 64, 0]}
+
+
+README = "# Project\n\nintro\n\n<!-- results:start -->\nold table\n<!-- results:end -->\n\nrest\n"
+
+
+def test_replace_between_markers_keeps_the_rest():
+    new = report.replace_between_markers(README, "| new |\n")
+    assert new.startswith("# Project\n\nintro\n\n<!-- results:start -->\n| new |\n")
+    assert new.endswith("<!-- results:end -->\n\nrest\n")
+    assert "old table" not in new
+    # idempotent: replacing again gives the same text
+    assert report.replace_between_markers(new, "| new |\n") == new
+    assert report.replace_between_markers("no markers here", "x") is None
+    assert report.replace_between_markers(
+        "<!-- results:end --> then <!-- results:start -->", "x") is None
+
+
+def _cli_app() -> typer.Typer:
+    from autocompress.commands import bench
+
+    app = typer.Typer()
+    bench.register(app)
+    return app
+
+
+def test_readme_table_command_updates_between_markers(tmp_path):
+    data_path = tmp_path / "compare.json"
+    data_path.write_text(json.dumps(_synthetic(minitron_wins=False)))
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    result = CliRunner().invoke(_cli_app(), ["bench", "readme-table", "--json", str(data_path),
+                                             "--readme", str(readme)])
+    assert result.exit_code == 0, result.output
+    text = readme.read_text()
+    assert "old table" not in text and "| teacher |" in text
+    assert "tpot_ms ≤ 4" in text  # the 40% run's limit, from the JSON
+    assert "AutoCompress" in text and text.endswith("<!-- results:end -->\n\nrest\n")
+    assert not list(tmp_path.glob(".README.md.*"))  # no temp file left behind
+
+
+def test_readme_table_command_prints_without_markers(tmp_path):
+    data_path = tmp_path / "compare.json"
+    data_path.write_text(json.dumps(_synthetic(minitron_wins=False)))
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    result = CliRunner().invoke(_cli_app(), ["bench", "readme-table", "--json", str(data_path),
+                                             "--readme", str(readme)])
+    assert result.exit_code == 0, result.output
+    assert "Minitron" in result.output
+    assert readme.read_text() == "# no markers\n"
+
+
+def test_partial_run_renders_without_scores_or_measurements(tmp_path):
+    """A run stopped after pruning: the table and report say what is missing."""
+    data = _synthetic(minitron_wins=False)
+    for m in data["runs"][1]["methods"].values():
+        for key in ("measured", "noise", "verify_ok", "violations"):
+            m.pop(key)
+        m["scores"] = {"heldout_loss_pruned": m["scores"]["heldout_loss_pruned"]}
+    assert report.readme_table(data).count("not run") == 2
+    v = report.verdicts(data)[1]
+    assert v["mc_delta"] is None and v["loss_delta_pruned"] == pytest.approx(5.0 - 5.2)
+    text = report.write_report(data, tmp_path).read_text()
+    assert "benchmark scores missing" in text
