@@ -80,3 +80,10 @@ def test_baseline_cli_params_and_matched(teacher_dir, tiny_corpus, tmp_path):
     assert report["meets_limits"] and report["mode"] == "matched"
     layers = ArchSpec.from_json(out).layers
     assert len(set(layers)) == 1
+
+
+@pytest.mark.parametrize("command", [["search"], ["baseline", "minitron"]])
+def test_help_renders(command):
+    result = runner.invoke(app, [*command, "--help"], terminal_width=120)
+    assert result.exit_code == 0, result.output
+    assert "--budget-fraction" in result.output

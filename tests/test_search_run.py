@@ -73,22 +73,32 @@ def test_expected_costs_match_the_cost_model(ctx):
     theirs = ctx.costs.expected(p_a, p_f, p_h)
     for m in mine:
         assert float(mine[m]) == pytest.approx(float(theirs[m]), rel=1e-12)
-    choice = Choice(1, (0, 2, len(s.attention_options) - 1, 3), (1, len(s.ffn_options) - 1, 4, 0))
     tables = CostTables(ctx.costs, ["ttft_ms", "tpot_ms", "memory_gb"])
-    predicted = ctx.cost_model.predict(s.spec_of(choice), WORKLOAD)
-    for m, value in tables.evaluate(choice).items():
-        assert value == pytest.approx(getattr(predicted, m), rel=1e-9)
+    rng = np.random.default_rng(0)
+    for _ in range(5):  # the fast one-hot evaluation equals predict(), memory peak included
+        choice = Choice(int(rng.integers(len(s.hidden_options))),
+                        (0, *map(int, rng.integers(len(s.attention_options), size=3))),
+                        tuple(map(int, rng.integers(len(s.ffn_options), size=4))))
+        predicted = ctx.cost_model.predict(s.spec_of(choice), WORKLOAD)
+        for m, value in tables.evaluate(choice).items():
+            assert value == pytest.approx(getattr(predicted, m), rel=1e-9)
+        tables.check_memory(choice)
+    assert not tables.exact_memory
 
 
 def test_search_meets_several_limits_under_the_cost_model(ctx, tmp_path):
     teacher = ctx.teacher_costs()
-    limits = Limits(max_tpot_ms=0.6 * teacher["tpot_ms"], max_ttft_ms=0.7 * teacher["ttft_ms"])
+    floor = smallest_reachable(ctx.space, ctx.costs, ["memory_gb"])["memory_gb"]
+    limits = Limits(max_tpot_ms=0.6 * teacher["tpot_ms"], max_ttft_ms=0.7 * teacher["ttft_ms"],
+                    max_memory_gb=(floor + teacher["memory_gb"]) / 2)
     report = search_to_file(ctx, limits, tmp_path / "arch.json", CONFIG, progress=False)
-    assert report["meets_limits"]
+    assert report["meets_limits"] and set(report["margins"]) == {"tpot_ms", "ttft_ms",
+                                                                 "memory_gb"}
     predicted = ctx.cost_model.predict(ctx.space.spec_of(Choice(**{
         k: (tuple(v) if isinstance(v, list) else v) for k, v in report["choice"].items()})),
         WORKLOAD)
     assert predicted.tpot_ms <= limits.max_tpot_ms and predicted.ttft_ms <= limits.max_ttft_ms
+    assert predicted.memory_gb <= limits.max_memory_gb
     assert report["params"] < report["teacher_params"]
     steps = json.loads((tmp_path / "arch.trajectory.json").read_text())["steps"]
     assert len(steps) == CONFIG.dnas.steps

@@ -8,7 +8,7 @@ import typer
 
 TEACHER_HELP = "Teacher model directory (Llama, Mistral, Qwen2, Qwen3), or `default`."
 TARGET_HELP = (
-    "Deployment target HARDWARE/ENGINE[/DTYPE], e.g. cpu-local/hf-eager/fp32 or "
+    "Deployment target HARDWARE/ENGINE/DTYPE (dtype optional), e.g. cpu-local/hf-eager/fp32 or "
     "h100-sxm/vllm/bf16 (`autocompress costmodel targets` lists them). A fitted cost model "
     "is used when `autocompress costmodel fit` saved one, else the analytic one."
 )

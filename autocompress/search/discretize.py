@@ -44,31 +44,78 @@ EPS = 1e-12
 class CostTables:
     """Numpy view of ``AdditiveCosts`` for fast exact evaluation of discrete choices."""
 
-    def __init__(self, costs, metrics: list[str]):
+    def __init__(self, costs, metrics: list[str], exact_memory: bool = False):
         self.costs = costs
         self.metrics = list(metrics)
         self.const = {m: costs.const[m].numpy() for m in metrics}
         self.attention = {m: costs.attention[m].numpy() for m in metrics}
         self.ffn = {m: costs.ffn[m].numpy() for m in metrics}
         self.num_layers = costs.num_layers
+        self.exact_memory = exact_memory  # True: ask the cost model for every memory value
+        self._memory_tables = _memory_tables(costs) if "memory_gb" in metrics else None
 
     def evaluate(self, choice: Choice) -> dict[str, float]:
-        """Exact cost of ``choice`` per metric (equals ``AdditiveCosts.discrete``).
-
-        Latencies are sums over the tables; memory (whose activation peak is not a
-        sum) is delegated to the cost model's own one-hot evaluation.
-        """
+        """Exact cost of ``choice`` per metric (equals ``AdditiveCosts.discrete``)."""
         layers = np.arange(self.num_layers)
         a, f, h = np.asarray(choice.attention), np.asarray(choice.ffn), choice.hidden
         out = {}
         for m in self.metrics:
+            total = float(self.const[m][h] + self.attention[m][layers, a, h].sum()
+                          + self.ffn[m][layers, f, h].sum())
             if m == "memory_gb":
-                out[m] = self.costs.discrete(list(choice.attention), list(choice.ffn),
-                                             choice.hidden)[m]
-                continue
-            out[m] = float(self.const[m][h] + self.attention[m][layers, a, h].sum()
-                           + self.ffn[m][layers, f, h].sum())
+                total = self.memory(choice) if self.exact_memory \
+                    else total + self._peak(layers, a, f, h)
+            out[m] = total
         return out
+
+    def memory(self, choice: Choice) -> float:
+        """Memory from the cost model itself (slow: an expectation over one-hot vectors)."""
+        return self.costs.discrete(list(choice.attention), list(choice.ffn),
+                                   choice.hidden)["memory_gb"]
+
+    def _peak(self, layers, a, f, h) -> float:
+        """The activation peak of one architecture (``AdditiveCosts._expected_peak`` one-hot).
+
+        Memory is weights (summed above) plus the largest per-block activation; under a
+        dynamic KV cache a block also holds the cache of the layers before it.
+        """
+        t = self._memory_tables
+        att = {k: v[layers, a, h] for k, v in t["attention"].items()}
+        ffn = {k: v[layers, f, h] for k, v in t["ffn"].items()}
+        c_pre, c_dec = t["const"]["prefill_act"][h], t["const"]["decode_act"][h]
+        if not t["dynamic_cache"]:
+            att_value = c_pre + att["prefill_act"]
+            ffn_value = c_pre + ffn["prefill_act"]
+        else:
+            before = np.concatenate([[0.0], np.cumsum(att["kv_prefill"])[:-1]])
+            others_final = att["kv_final"].sum() - att["kv_final"]
+            att_value = np.maximum(c_pre + before + att["kv_prefill"] + att["prefill_act"],
+                                   c_dec + others_final + att["kv_final"] + att["decode_act"])
+            ffn_value = c_pre + before + att["kv_prefill"] + ffn["prefill_act"]
+        att_value = np.where(t["attention_present"][layers, a], att_value, 0.0)
+        ffn_value = np.where(t["ffn_present"][layers, f], ffn_value, 0.0)
+        return float(max(0.0, att_value.max(), ffn_value.max()))
+
+    def check_memory(self, choice: Choice) -> None:
+        """Switch to the cost model's own memory if the fast path disagrees with it."""
+        if self._memory_tables is None or self.exact_memory:
+            return
+        fast = self.evaluate(choice)["memory_gb"]
+        exact = self.memory(choice)
+        if abs(fast - exact) > 1e-9 * max(1.0, abs(exact)):
+            self.exact_memory = True
+
+
+def _memory_tables(costs) -> dict[str, Any]:
+    """Numpy copies of the cost model's activation-peak pieces."""
+    return {
+        "attention": {k: v.numpy() for k, v in costs.attention_memory.items()},
+        "ffn": {k: v.numpy() for k, v in costs.ffn_memory.items()},
+        "const": {k: v.numpy() for k, v in costs.const_memory.items()},
+        "attention_present": costs.attention_present.numpy(),
+        "ffn_present": costs.ffn_present.numpy(),
+        "dynamic_cache": bool(costs.dynamic_cache),
+    }
 
 
 def violation(costs: dict[str, float], budgets: dict[str, float]) -> float:
@@ -333,9 +380,17 @@ def _pair_exchanges(space, tables, scores, budgets, choice, current, log, max_ro
 
 
 def repair(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
-           scores: Scores) -> Discretized:
-    """The best feasible choice found from ``anchor`` over every hidden size."""
-    tables = CostTables(costs, list(budgets))
+           scores: Scores, exact_memory: bool = False) -> Discretized | None:
+    """The best feasible choice found from ``anchor`` over every hidden size (None: none).
+
+    Memory is evaluated by a fast one-hot mirror of the cost model's activation peak;
+    if it ever disagrees with ``AdditiveCosts.discrete``, repair reruns with every
+    memory value taken from the cost model (``exact_memory``).
+    """
+    tables = CostTables(costs, list(budgets), exact_memory)
+    tables.check_memory(anchor)
+    if not tables.exact_memory:
+        tables.check_memory(space.full_choice())
     best: Discretized | None = None
     per_hidden = []
     for h in range(len(space.hidden_options)):
@@ -359,7 +414,11 @@ def repair(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
                                anchor_costs=tables.evaluate(anchor), changes=log,
                                score_source=scores.source)
     if best is None:
-        return None  # type: ignore[return-value]
+        return None
+    if "memory_gb" in budgets and not tables.exact_memory:
+        tables.check_memory(best.choice)
+        if tables.exact_memory:  # the fast path drifted from the cost model: redo exactly
+            return repair(space, costs, budgets, anchor, scores, exact_memory=True)
     best.per_hidden = per_hidden
     return best
 
