@@ -67,6 +67,29 @@ def test_indent_answer_depth_is_balanced(docs):
     assert max(counts) - min(counts) <= 2, counts
 
 
+@pytest.mark.parametrize("task", ["next_line", "docstring"])
+def test_distractors_are_other_items_answers(docs, task):
+    # Answers and distractors share one distribution: every distractor is the
+    # (re-indented) answer of another item, and answers are reused evenly.
+    items = mc_tasks.build_items(task, docs, num_items=60, seed=0)
+    answers = [i.choices[i.label].strip() for i in items]
+    uses = {a: 0 for a in answers}
+    for item in items:
+        path = item.source.rsplit(":", 1)[0]
+        for k, choice in enumerate(item.choices):
+            if k == item.label:
+                continue
+            assert choice.strip() in uses
+            uses[choice.strip()] += 1
+            if task == "next_line":
+                indent = item.choices[item.label][: -len(item.choices[item.label].lstrip())]
+                assert choice.startswith(indent) and choice.strip() not in {
+                    ln.strip() for ln in (STDLIB / path).read_text().splitlines()}
+    # Each item's answer is a distractor about three times (identical lines of
+    # two items count together).
+    assert all(abs(n - 3 * answers.count(a)) <= 2 for a, n in uses.items())
+
+
 def test_identifier_distractors_come_from_the_context(docs):
     for item in mc_tasks.build_items("identifier", docs, num_items=40, seed=0):
         shared = _common_suffix(item.choices)  # the rest of the line, same in every choice

@@ -150,17 +150,18 @@ def evaluate(model: torch.nn.Module, tokenizer, tasks: Iterable[str] | str | Non
 
     cfg = config or EvalConfig()
     local, run_heldout, std_names = expand_tasks(tasks)
-    corpus = Path(corpus_dir) if corpus_dir else ensure_corpus()
+    needs_corpus = bool(local) or run_heldout
+    corpus = (Path(corpus_dir) if corpus_dir else ensure_corpus()) if needs_corpus else None
     # Standard benchmarks are loaded first: a missing dataset fails in seconds,
     # not after the local suite has run.
     std_loaded = (standard.load_standard(std_names, cfg.allow_code_execution, mc_tasks.LOCAL_TASKS)
                   if std_names else None)
-    docs = load_documents(corpus, "heldout") if (local or run_heldout) else []
+    docs = load_documents(corpus, "heldout") if needs_corpus else []
     run = _SuiteRun(model=model, tokenizer=tokenizer, cfg=cfg, limit=limit,
                     work_dir=Path(work_dir or home() / "eval"))
     run.result["model"] = model_name or _model_name(model)
     run.details.update({
-        "seed": cfg.seed, "num_items": cfg.num_items, "seq_len": cfg.seq_len, "limit": limit,
+        "seed": cfg.seed, "num_items": cfg.num_items, "seq_len": run.context_len, "limit": limit,
         "lm_eval_version": harness.lm_eval_version(),
         "num_params": sum(p.numel() for p in model.parameters()),
         "corpus_fingerprint": load_manifest(corpus).fingerprint if docs else None,
@@ -194,6 +195,12 @@ class _SuiteRun:
         default_factory=lambda: {"model": None, "tasks": {}})
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    @property
+    def context_len(self) -> int:
+        """``seq_len``, or less if the model's positions end earlier."""
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return min(self.cfg.seq_len, limit) if isinstance(limit, int) else self.cfg.seq_len
+
     def local_tasks(self, names: list[str], docs) -> None:
         """Build (or reuse) the local task files and score them through lm-eval."""
         cfg, files = self.cfg, {}
@@ -203,7 +210,7 @@ class _SuiteRun:
                                           cfg.seed)
         self.details["task_files"] = {n: str(p) for n, p in files.items()}
         lm = harness.make_lm(self.model, self.tokenizer, batch_size=cfg.batch_size,
-                             max_length=cfg.seq_len)
+                             max_length=self.context_len)
         loaded = harness.load_tasks([
             harness.multiple_choice_config(_LM_EVAL_PREFIX + n, p, self.work_dir / "hf-datasets")
             for n, p in files.items()])
@@ -224,7 +231,7 @@ class _SuiteRun:
         path = heldout.write_chunks(chunks, self.work_dir / "tasks")
         # No BOS added to documents: lm-eval conditions on the prefix token already.
         lm = harness.make_lm(self.model, self.tokenizer, batch_size=cfg.batch_size,
-                             max_length=cfg.seq_len, add_bos_token=False)
+                             max_length=self.context_len, add_bos_token=False)
         name = _LM_EVAL_PREFIX + "heldout_bpb"
         loaded = harness.load_tasks([harness.rolling_config(name, path,
                                                             self.work_dir / "hf-datasets")])
@@ -236,8 +243,8 @@ class _SuiteRun:
                                          "file": str(path)}
 
         windows = self.stages.run("held-out tokens", _quietly, heldout.heldout_windows,
-                                  self.tokenizer, corpus, cfg.seq_len, cfg.next_token_windows,
-                                  cfg.seed)
+                                  self.tokenizer, corpus, self.context_len,
+                                  cfg.next_token_windows, cfg.seed)
         tm = self.stages.run("next-token accuracy", heldout.token_metrics, self.model, windows,
                              max(1, cfg.batch_size // 2))
         self.result["next_token_acc"] = tm.accuracy
