@@ -59,7 +59,8 @@ class DistillConfig(BaseModel):
     temperature: float = Field(1.0, gt=0)
     alpha: float = Field(0.0, ge=0, description="Weight of the hidden-state cosine loss.")
     # Student hidden-state index -> teacher hidden-state index (HF numbering:
-    # 0 = embeddings, i = output of block i). None = spread evenly.
+    # 0 = embeddings, i = output of block i). None = the pruned student's
+    # config.source_layers, else one to one / spread evenly.
     layer_map: dict[int, int] | None = None
     eval_every: int = Field(0, ge=0, description="Steps between held-out evals; 0 = end only.")
     eval_batches: int = Field(8, ge=1, description="Held-out batches (of batch_size) per eval.")

@@ -269,6 +269,8 @@ def arch_matrix(arch: dict) -> dict[str, list[int]]:
 
 def plot_arch_heatmaps(run: dict, teacher_arch: dict | None, path: Path) -> Path:
     """One panel per quantity; rows = teacher / methods, columns = layers."""
+    import numpy as np
+
     plt = _pyplot()
     archs = ([("teacher", teacher_arch)] if teacher_arch else []) + [
         (METHOD_LABELS.get(k, k), m["arch"]) for k, m in run.get("methods", {}).items()]
@@ -276,18 +278,21 @@ def plot_arch_heatmaps(run: dict, teacher_arch: dict | None, path: Path) -> Path
     quantities = list(mats[0][1])
     fig, axes = plt.subplots(len(quantities), 1, figsize=(8, 1.2 + 1.1 * len(mats) *
                                                            len(quantities)))
+    width = max(len(m[quantities[0]]) for _, m, _ in mats)
     for ax, q in zip(axes, quantities, strict=True):
-        grid = [m[q] for _, m, _ in mats]
-        vmax = max(max(row) for row in grid) or 1
+        # Models may differ in depth (Minitron drops whole layers): pad with masked cells.
+        grid = np.ma.masked_less([m[q] + [-1] * (width - len(m[q])) for _, m, _ in mats], 0)
+        vmax = int(grid.max()) or 1
         ax.imshow(grid, cmap="viridis", vmin=0, vmax=vmax, aspect="auto")
-        for i, row in enumerate(grid):
+        for i, row in enumerate(grid.filled(-1).tolist()):
             for j, value in enumerate(row):
-                ax.text(j, i, str(value) if value else "–", ha="center", va="center",
-                        fontsize=7, color="white" if value < 0.6 * vmax else "black")
+                text = "" if value < 0 else (str(value) if value else "–")
+                ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                        color="white" if value < 0.6 * vmax else "black")
         ax.set_yticks(range(len(mats)), [f"{n} (h{h})" for n, _, h in mats], fontsize=8)
-        ax.set_xticks(range(len(grid[0])), [str(i) for i in range(len(grid[0]))], fontsize=7)
+        ax.set_xticks(range(width), [str(i) for i in range(width)], fontsize=7)
         ax.set_title(q, fontsize=9)
-    axes[-1].set_xlabel("layer")
+    axes[-1].set_xlabel("layer of the model (– = block removed, blank = no such layer)")
     fig.suptitle(f"{run['preset']} @ {run['budget_fraction']:.0%} ({_limit_text(run)})",
                  fontsize=10)
     fig.tight_layout()

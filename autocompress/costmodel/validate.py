@@ -190,7 +190,7 @@ def score_measurements(
 
 
 def plot_validation(report: ValidationReport, path: str | Path) -> Path:
-    """Predicted-vs-measured scatter per metric (log axes, y = x line) as a PNG."""
+    """Predicted-vs-measured scatter per metric (y = x line, IQR bars) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,8 +208,8 @@ def plot_validation(report: ValidationReport, path: str | Path) -> Path:
         values = [v for s in report.samples for v in (s.measured[key], s.predicted[key])]
         lo, hi = min(values) * 0.9, max(values) * 1.1
         ax.plot([lo, hi], [lo, hi], "k--", lw=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
         ax.set_xlabel(f"measured {key}")
         ax.set_ylabel(f"predicted {key}")
         ax.set_title(f"{short}: MAPE {report.mape[short]:.1f}%, "
