@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from autocompress.arch import ArchSpec
-from autocompress.evaluation.heldout import heldout_loss
+from autocompress.evaluation.heldout import heldout_windows
 from autocompress.limits import LIMIT_METRICS
 from autocompress.prune import prune
 from autocompress.search import SearchConfig, SearchContext
@@ -52,9 +53,21 @@ def arch_text(arch: dict) -> str:
     return f"h{arch['hidden_size']} | " + " ".join(parts)
 
 
-def heldout(model, tokenizer, corpus_dir, batches: int) -> float:
-    return heldout_loss(model, tokenizer, corpus_dir, max_batches=batches, seq_len=256,
-                        batch_size=8, seed=0)
+@torch.inference_mode()
+def heldout(model, tokenizer, corpus_dir, batches: int) -> torch.Tensor:
+    """Per-window mean next-token loss on ``evaluation.heldout_loss``'s held-out windows."""
+    windows = heldout_windows(tokenizer, corpus_dir, 256, batches * 8, seed=0)
+    losses = []
+    for start in range(0, windows.shape[0], 8):
+        batch = windows[start:start + 8]
+        logits = model(input_ids=batch).logits[:, :-1].float()
+        ce = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
+        losses.append(ce.mean(dim=1))
+    return torch.cat(losses)
+
+
+def mean_stderr(values: torch.Tensor) -> tuple[float, float]:
+    return float(values.mean()), float(values.std() / values.numel() ** 0.5)
 
 
 def main() -> None:
@@ -88,7 +101,8 @@ def main() -> None:
                                importance=args.importance)
     importance_s = time.perf_counter() - t0
     model, tokenizer, imp = base.model, base.tokenizer, base.importance
-    teacher_loss = heldout(model, tokenizer, base.corpus_dir, args.eval_batches)
+    teacher_loss, teacher_stderr = mean_stderr(
+        heldout(model, tokenizer, base.corpus_dir, args.eval_batches))
     print(f"teacher held-out loss {teacher_loss:.4f}; importance + setup {importance_s:.1f} s; "
           f"cost model {base.cost_model.version}")
 
@@ -118,8 +132,13 @@ def main() -> None:
         for name, report, seconds in runs:
             spec = ArchSpec.from_json(json.dumps(report["arch"]))
             student = prune(model, imp, spec)
+            per_window = heldout(student, tokenizer, ctx.corpus_dir, args.eval_batches)
+            loss, stderr = mean_stderr(per_window)
+            if name == "searched":
+                searched_windows = per_window
             row[name] = {
-                "heldout_loss": heldout(student, tokenizer, ctx.corpus_dir, args.eval_batches),
+                "heldout_loss": loss,
+                "heldout_loss_stderr": stderr,
                 "predicted": report["predicted"],
                 "margins": report["margins"],
                 "meets_limits": report["meets_limits"],
@@ -129,7 +148,10 @@ def main() -> None:
             }
             if name == "searched":
                 row[name]["seconds"] = report["seconds"]
-            else:
+            else:  # paired over the same windows: baseline loss - searched loss
+                gap, gap_err = mean_stderr(per_window - searched_windows)
+                row[name]["gap_vs_searched"] = gap
+                row[name]["gap_vs_searched_stderr"] = gap_err
                 row[name]["candidates_scored"] = len(report["scored"])
                 row[name]["candidates_total"] = report["num_candidates"]
                 row[name]["param_target"] = report["param_target"]
@@ -144,7 +166,8 @@ def main() -> None:
     result = {
         "teacher": str(base.teacher_dir), "target": args.target,
         "cost_model": base.cost_model.version, "fraction": args.fraction,
-        "teacher_heldout_loss": teacher_loss, "importance_and_setup_s": importance_s,
+        "teacher_heldout_loss": teacher_loss, "teacher_heldout_loss_stderr": teacher_stderr,
+        "importance_and_setup_s": importance_s,
         "threads": args.threads, "steps": args.steps, "score": args.score,
         "minitron_top_k": args.minitron_top_k,
         "search_wins": wins, "search_wins_vs_best_homogeneous": wins_best, "presets": rows,
@@ -161,8 +184,8 @@ def print_table(rows: list[dict], teacher_loss: float) -> None:
 
     title = f"held-out loss after pruning, no distillation (teacher {teacher_loss:.4f})"
     table = Table(title=title)
-    for column in ("preset", "limit", "arch", "held-out loss", "params", "predicted",
-                   "wall s", "cpu s"):
+    for column in ("preset", "limit", "arch", "held-out loss ± se", "gap vs searched",
+                   "params", "predicted", "wall s", "cpu s"):
         table.add_column(column, justify="right")
     for r in rows:
         (metric_limit, bound), = ((k, v) for k, v in r["limits"].items())
@@ -174,7 +197,10 @@ def print_table(rows: list[dict], teacher_loss: float) -> None:
             cpu = x.get("seconds", {}).get("cpu_total")
             table.add_row(r["preset"] if name == "searched" else "",
                           f"{metric} <= {bound:.4g}" if name == "searched" else "", name,
-                          f"{x['heldout_loss']:.4f}", f"{x['params']:,}",
+                          f"{x['heldout_loss']:.4f} ± {x.get('heldout_loss_stderr', 0):.4f}",
+                          f"{x['gap_vs_searched']:+.4f} ± {x['gap_vs_searched_stderr']:.4f}"
+                          if "gap_vs_searched" in x else "",
+                          f"{x['params']:,}",
                           f"{x['predicted'][metric]:.4g}", f"{x['wall_s']:.0f}",
                           f"{cpu:.0f}" if cpu is not None else "")
     Console(width=140).print(table)
