@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field
 
 from autocompress import distributed
 from autocompress.errors import AutoCompressError
-from autocompress.training import TrainConfig, TrainState, train
+from autocompress.training import TrainConfig, TrainState, bf16_is_fast, train
 
 # Config fields that may change when a run resumes: they do not alter the losses
 # (the global batch stays the same whatever the processes and accumulation).
@@ -66,6 +66,7 @@ class DistillConfig(BaseModel):
     eval_batches: int = Field(8, ge=1, description="Held-out batches (of batch_size) per eval.")
     ckpt_every: int = Field(50, ge=1)
     seed: int = 0
+    # bf16 autocast, applied only where the hardware has bf16 (training.bf16_is_fast).
     bf16: bool = True
     parallel: Literal["ddp", "fsdp"] = "ddp"
     keep_checkpoints: bool = False
@@ -73,6 +74,9 @@ class DistillConfig(BaseModel):
     @property
     def steps(self) -> int:
         return max(1, math.ceil(self.tokens / (self.batch_size * self.seq_len)))
+
+    def use_bf16(self, device: torch.device) -> bool:
+        return self.bf16 and bf16_is_fast(device)
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(
@@ -145,6 +149,7 @@ class DistillResult(BaseModel):
     tokens_seen: int
     seconds: float
     world_size: int
+    bf16: bool = False
     final_loss: float
     teacher_eval: dict[str, float] = {}
     initial_eval: dict[str, float] = {}
@@ -350,6 +355,7 @@ def distill(
             param.requires_grad_(flag)
         teacher.train(was_training)
     result = _result(out_dir, state, config, layer_map, reference, ctx)
+    result.bf16 = config.use_bf16(device)
     weights = _student_weights(module) if fsdp else None  # collective
     if ctx.is_main:
         # FSDP left the student's parameters sharded: rebuild a plain copy to save.

@@ -23,6 +23,7 @@ Where things go:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -30,6 +31,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ DEFAULT_EXPERIMENT = "autocompress"
 # MLflow limits: param values 6000 chars, tag values 8000 (model-version tags 5000).
 _MAX_PARAM = 6000
 _MAX_TAG = 5000
+_GLOBAL_URI_LOCK = threading.Lock()
 # Small files of a model directory worth keeping in the registry itself.
 _SMALL_FILE_BYTES = 256 * 1024
 
@@ -245,12 +248,28 @@ class Tracker:
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-        version = self.client.create_model_version(
-            name, source=f"models:/{logged.model_id}", run_id=run_id,
-            tags={**tags, "autocompress.model_id": logged.model_id},
-            description=description, model_id=logged.model_id,
-        )
+        # MLflow's registry store resolves a models:/ source through the *global*
+        # tracking URI, not this client's: point it here for the call.
+        with _global_tracking_uri(self.uri):
+            version = self.client.create_model_version(
+                name, source=f"models:/{logged.model_id}", run_id=run_id,
+                tags={**tags, "autocompress.model_id": logged.model_id},
+                description=description, model_id=logged.model_id,
+            )
         return int(version.version)
+
+
+@contextlib.contextmanager
+def _global_tracking_uri(uri: str):
+    import mlflow
+
+    with _GLOBAL_URI_LOCK:
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(uri)
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(previous)
 
 
 def _copy_small_files(model: ArtifactRef, dest: Path) -> None:

@@ -17,6 +17,7 @@ Run (2 CPU cores; ~15-30 min at the default budget):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -125,13 +126,22 @@ def main() -> None:
     importance = importance_for_checkpoint(teacher_dir, CalibrationConfig(), progress=False)
     student = prune(teacher, importance, spec)
 
-    print("scoring teacher and pruned student ...", flush=True)
-    before = {"teacher": scores(teacher, tokenizer, corpus, args.eval_limit),
-              "pruned": scores(student, tokenizer, corpus, args.eval_limit)}
+    # Scores before distillation are cached: they cost as much as the distillation.
+    args.work.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(f"{teacher_dir}|{spec.to_json()}|{args.eval_limit}".encode()).hexdigest()
+    cache = args.work / f"scores-before-{key[:12]}.json"
+    if cache.exists():
+        before = json.loads(cache.read_text())
+    else:
+        print("scoring teacher and pruned student ...", flush=True)
+        before = {"teacher": scores(teacher, tokenizer, corpus, args.eval_limit),
+                  "pruned": scores(student, tokenizer, corpus, args.eval_limit)}
+        cache.write_text(json.dumps(before))
     measured = measure_many([teacher, student], workload, repeats=7, progress=False)
 
     out_dir = args.work / "student"
-    shutil.rmtree(args.work, ignore_errors=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    shutil.rmtree(out_dir.with_name(out_dir.name + ".work"), ignore_errors=True)
     config = DistillConfig(tokens=args.tokens, lr=args.lr, eval_every=100)
     print(f"distilling {config.steps} steps ({args.tokens:,} tokens) ...", flush=True)
     student.train()

@@ -249,3 +249,23 @@ def test_working_copy_keeps_published_inputs_immutable(tmp_path, monkeypatch):
     assert Store.for_ref(corpus).verify(corpus) == "ok"
     assert ctx.working_copy(corpus) == copy and (copy / "tokens" / "cache.bin").exists()
     assert ctx.fetch(corpus) == corpus.local_path()
+
+
+def test_register_on_the_embedded_store_without_a_tracking_uri(tmp_path, monkeypatch):
+    # MLflow's registry resolves models:/ sources through the global tracking URI;
+    # with none set it would look in ./mlflow.db. Registration must not depend on it.
+    from autocompress.tracking import Tracker, lineage
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    tracker = Tracker("units", uri=f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    model = LocalStore(tmp_path / "store").publish(
+        _tree(tmp_path / "m", {"config.json": "{}", "w.bin": "w"}), "model")
+    info = Lineage(teacher="t", teacher_sha256="a" * 64, artifacts={"model": model})
+    run_id = tracker.start_run("parent")
+    assert tracker.register_model("units-model", model, info, run_id=run_id) == 1
+    assert tracker.register_model("units-model", model, info, run_id=run_id) == 2
+    report = lineage("units-model", tracker=tracker)
+    assert report.version == 2 and report.ok and report.model_id
+    assert not (tmp_path / "mlflow.db").exists()

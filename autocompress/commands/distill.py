@@ -63,7 +63,11 @@ def distill_command(
     eval_batches: int = typer.Option(8, help="Held-out batches per evaluation."),
     ckpt_every: int = typer.Option(50, help="Steps between checkpoints."),
     seed: int = typer.Option(0, help="Seed for data order and initialisation."),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast (CPU and GPU)."),
+    bf16: bool = typer.Option(
+        True, "--bf16/--no-bf16",
+        help="bf16 autocast, applied only where the hardware has bf16 (GPUs, AVX512 CPUs); "
+        "emulated bf16 is several times slower than fp32.",
+    ),
     fsdp: bool = typer.Option(
         False, "--fsdp",
         help="Under torchrun, shard student, teacher and optimizer over processes (FSDP2) "

@@ -133,16 +133,17 @@ def _metrics_of(outputs: dict[str, Any], names: tuple[str, ...]) -> dict[str, fl
 
 
 def results_table(outputs: dict[str, Any]) -> Table:
-    """Teacher vs compressed (vs baseline): every headline metric the flow produced."""
-    rows = {label: _metrics_of(outputs, names) for label, names in _ROWS.items()}
-    rows = {label: m for label, m in rows.items() if m}
-    columns = [c for c in _COLUMNS if any(c in m for m in rows.values())]
+    """Teacher vs compressed (vs baseline): one row per metric, one column per model."""
+    models = {label: _metrics_of(outputs, names) for label, names in _ROWS.items()}
+    models = {label: m for label, m in models.items() if m}
     table = Table(title="AutoCompress results (predicted_* = cost model, others measured)")
-    table.add_column("model")
-    for column in columns:
-        table.add_column("meets limits" if column == "ok" else column, justify="right")
-    for label, metrics in rows.items():
-        table.add_row(label, *(_fmt(metrics.get(c), c) for c in columns))
+    table.add_column("metric")
+    for label in models:
+        table.add_column(label, justify="right")
+    for metric in _COLUMNS:
+        if any(metric in m for m in models.values()):
+            name = "meets limits" if metric == "ok" else metric
+            table.add_row(name, *(_fmt(m.get(metric), metric) for m in models.values()))
     return table
 
 
@@ -168,10 +169,12 @@ def print_report(report, wall_s: float) -> None:
     for note in report.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     overhead = max(0.0, wall_s - report.stage_work_s)
+    startup = max(0.0, wall_s - report.wall_s)
     console.print(
-        f"wall {wall_s:.1f}s: stage work {report.stage_work_s:.1f}s, Prefect+MLflow+startup "
-        f"{overhead:.1f}s ({100 * overhead / wall_s:.1f}%), of which MLflow calls "
-        f"{report.tracking_s:.1f}s")
+        f"wall {wall_s:.1f}s: stage work {report.stage_work_s:.1f}s; Prefect+MLflow "
+        f"{overhead:.1f}s ({100 * overhead / wall_s:.1f}%) = start-up and imports "
+        f"{startup:.1f}s + inside the flow {report.overhead_s:.1f}s (MLflow calls "
+        f"{report.tracking_s:.1f}s)")
     registered = report.outputs.get("registered")
     if registered is not None:
         console.print(f"registered [bold]{registered.name}@{registered.version}[/bold] — "
