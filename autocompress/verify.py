@@ -153,7 +153,9 @@ def verify(
     finally:
         torch.set_num_threads(previous)
 
-    measured = measurement.metrics()
+    # Compare like with like: the timing statistic the cost model was fitted to.
+    statistic = cost_model.fit.statistic if cost_model.fit is not None else "median"
+    measured = measurement.metrics(statistic)
     noise = measurement_noise(measurement)
     checks = limits.check(measured, noise)
     return VerifyReport(
@@ -163,7 +165,7 @@ def verify(
         violations=[c.metric for c in checks if not c.ok],
         prediction_error=_relative_errors(predicted, measured),
         prediction_note=note, cost_model=cost_model.version,
-        measurement=_measurement_detail(measurement),
+        measurement=_measurement_detail(measurement, statistic),
     )
 
 
@@ -189,7 +191,7 @@ def _relative_errors(predicted: dict | None, measured: dict[str, float]) -> dict
             if k in predicted and v and math.isfinite(v) and math.isfinite(predicted[k])}
 
 
-def _measurement_detail(measurement) -> dict:
+def _measurement_detail(measurement, statistic: str) -> dict:
     return {
         "ttft_ms": measurement.ttft_ms.model_dump(),
         "tpot_ms": measurement.tpot_ms.model_dump(),
@@ -199,4 +201,5 @@ def _measurement_detail(measurement) -> dict:
         "warmup": measurement.warmup,
         "threads": measurement.threads,
         "device": measurement.device,
+        "statistic": statistic,
     }
