@@ -118,6 +118,11 @@ def _options(text: str | None) -> dict[str, Any]:
 
 
 def _quiet_defaults() -> None:
+    # Prefect creates its home without parents and then fails to open its database:
+    # on a fresh clone $PREFECT_HOME (.autocompress/prefect) has no parent yet.
+    prefect_home = os.environ.get("PREFECT_HOME")
+    if prefect_home:
+        os.makedirs(os.path.expanduser(prefect_home), exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
