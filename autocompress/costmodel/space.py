@@ -22,6 +22,11 @@ from typing import Any
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 
 HIDDEN_FRACTIONS = (1.0, 0.875, 0.75, 0.625, 0.5)
+# Block-removal probabilities of the i-th of n sampled specs run evenly over
+# [0, MAX_REMOVAL): samples span shallow to full-depth models, as the search's
+# results do at tight and loose budgets. (A fixed low probability gave nearly
+# all samples full depth, a narrow cost range in which a ranking says little.)
+MAX_REMOVAL = 0.6
 FFN_FRACTIONS = (1.0, 0.75, 0.5, 0.25)
 
 
@@ -78,6 +83,21 @@ class SearchSpace:
                             ffn=ffn) for i in range(self.reference.num_layers)]
         return self.reference.model_copy(update={"hidden_size": hidden, "layers": layers})
 
+    def sample_spread(self, count: int, rng: random.Random) -> list[ArchSpec]:
+        """``count`` distinct specs whose removal probability is stratified over depths."""
+        specs: dict[str, ArchSpec] = {}
+        attempt = 0
+        while len(specs) < count:
+            p_remove = MAX_REMOVAL * ((len(specs) + rng.random()) / count)
+            spec = self.sample(rng, p_remove=p_remove)
+            specs.setdefault(spec.to_json(indent=None), spec)
+            attempt += 1
+            if attempt > 100 * count:
+                raise ValueError(f"the space has fewer than {count} distinct specs")
+        order = list(specs.values())
+        rng.shuffle(order)  # measured in random order of size
+        return order
+
     def probe_specs(self, count: int, seed: int = 0) -> list[ArchSpec]:
         """A designed probe set: the corners of the space, then random samples."""
         largest_att, smallest_att = self.attention_options[0], self.attention_options[-2]
@@ -91,10 +111,9 @@ class SearchSpace:
             self.uniform(h_min, largest_att, largest_ffn),
             self.uniform(h_max, smallest_att, smallest_ffn),
         ]
-        rng = random.Random(seed)
         probes = corners[:count]
-        while len(probes) < count:
-            probes.append(self.sample(rng))
+        if len(probes) < count:
+            probes += self.sample_spread(count - len(probes), random.Random(seed))
         return probes
 
 

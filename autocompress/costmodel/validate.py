@@ -74,18 +74,8 @@ class ValidationReport(BaseModel):
 
 
 def sample_specs(reference: ArchSpec, n: int, seed: int = 1000) -> list[ArchSpec]:
-    """``n`` heterogeneous specs from the default space (no duplicates)."""
-    space = SearchSpace.around(reference)
-    rng = random.Random(seed)
-    specs: list[ArchSpec] = []
-    seen: set[str] = set()
-    while len(specs) < n:
-        spec = space.sample(rng)
-        key = spec.to_json(indent=None)
-        if key not in seen:
-            seen.add(key)
-            specs.append(spec)
-    return specs
+    """``n`` distinct heterogeneous specs from the default space, spread over depths."""
+    return SearchSpace.around(reference).sample_spread(n, random.Random(seed))
 
 
 def score(
