@@ -221,3 +221,56 @@ def test_hidden_state_term_is_recorded(ctx):
     assert all(r["hidden_term"] > 0 for r in result.trajectory)
     assert result.trajectory[0]["g"]["tpot_ms"] == pytest.approx(
         result.trajectory[0]["expected"]["tpot_ms"] / budgets["tpot_ms"] - 1, abs=1e-4)
+
+
+# ------------------------------------------------------------------ measured loop
+
+
+def test_corrected_budgets_scale_only_missed_timings():
+    from autocompress.search.measured import MARGIN, corrected_budgets
+
+    budgets = {"tpot_ms": 10.0, "memory_gb": 1.0}
+    met = corrected_budgets(budgets, budgets, {"tpot_ms": 9.0, "ttft_ms": 1, "e2e_ms": 1},
+                            {"tpot_ms": 9.9, "ttft_ms": 1, "e2e_ms": 1})
+    assert met is None
+    tightened = corrected_budgets(budgets, budgets, {"tpot_ms": 9.0}, {"tpot_ms": 12.0})
+    assert tightened["tpot_ms"] == pytest.approx(10.0 * 9.0 / 12.0 * (1 - MARGIN))
+    assert tightened["memory_gb"] == 1.0  # memory is predicted exactly, never re-aimed
+
+
+def test_measured_loop_repicks_until_the_measurement_meets_the_budget(ctx):
+    from autocompress.search.measured import TIMING_METRICS, closed_loop
+    from autocompress.search.minitron import minitron_matched
+
+    batches = ctx.score_batches(CONFIG)
+    budgets = {"tpot_ms": 0.7 * ctx.teacher_costs()["tpot_ms"]}
+
+    def pick(bounds):
+        return minitron_matched(ctx.space, ctx.importance, ctx.costs, bounds, ctx.masked,
+                                batches, CONFIG.minitron)
+
+    def target_25_percent_slower(spec):
+        predicted = ctx.cost_model.predict(spec, WORKLOAD).metrics()
+        return {m: 1.25 * predicted[m] for m in TIMING_METRICS}
+
+    result, rounds = closed_loop(pick, lambda r: r.spec, ctx.cost_model, WORKLOAD, budgets,
+                                 dict(budgets), 3, target_25_percent_slower)
+    assert [r.met for r in rounds] == [False, True]
+    assert rounds[-1].measured["tpot_ms"] <= budgets["tpot_ms"] < rounds[0].measured["tpot_ms"]
+    assert rounds[-1].params < rounds[0].params == pick(budgets).spec.num_params()
+    assert result.spec.num_params() == rounds[-1].params
+
+    # A target the model is hopeless on: the corrected budgets become unreachable.
+    with pytest.raises(AutoCompressError):
+        closed_loop(pick, lambda r: r.spec, ctx.cost_model, WORKLOAD, budgets, dict(budgets),
+                    3, lambda spec: {m: 1e6 for m in TIMING_METRICS})
+
+
+def test_measure_spec_times_a_random_weight_model_on_the_cpu(ctx):
+    from autocompress.search.measured import measure_spec
+
+    model = CostModel.analytic(Target.parse("cpu-local/hf-eager/fp32"))
+    spec = ctx.space.spec_of(Choice(0, (0, 0, 0, 0), (0, 0, 0, 0)))
+    tiny = Workload(name="tiny", isl=8, osl=3, batch=1)
+    measured = measure_spec(spec, ctx.model.config, model, tiny, repeats=2)
+    assert 0 < measured["tpot_ms"] < measured["e2e_ms"] and measured["ttft_ms"] > 0

@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +44,7 @@ from autocompress.search.discretize import (
 )
 from autocompress.search.dnas import DNAS, DNASConfig, DNASResult
 from autocompress.search.masked import MaskedTeacher
+from autocompress.search.measured import MeasuredRound, closed_loop, measure_spec
 from autocompress.search.minitron import (
     BaselineResult,
     MinitronConfig,
@@ -82,6 +83,12 @@ class SearchConfig(BaseModel):
         description="Data for importance when it is not given.",
     )
     threads: int | None = Field(default=None, description="torch threads (None = leave as is).")
+    measured_rounds: int = Field(
+        default=3, ge=0,
+        description="On a target this machine can time: measure the pick (random weights) "
+        "and, where it misses a timing budget, tighten that budget by the cost model's error "
+        "on it and pick again, at most this many measurements (0 = trust the cost model).")
+    measured_repeats: int = Field(default=5, ge=1, description="Timed runs per measurement.")
 
 
 # ------------------------------------------------------------------ context
@@ -200,6 +207,7 @@ class SearchOutcome:
     dnas: DNASResult
     discretized: Discretized
     seconds: dict[str, float]
+    measured_rounds: list[MeasuredRound] = field(default_factory=list)
 
     def report(self, ctx: SearchContext) -> dict[str, Any]:
         space = ctx.space
@@ -227,6 +235,7 @@ class SearchOutcome:
             "final_lambda": self.dnas.lambdas,
             "search_completed": self.dnas.completed,
             "seconds": self.seconds,
+            "measured_rounds": [r.model_dump() for r in self.measured_rounds],
             "space": space.describe(),
             "arch": self.spec.to_dict(),
         }
@@ -240,6 +249,7 @@ class BaselineOutcome:
     prediction: Any
     checks: list[Any]
     seconds: float
+    measured_rounds: list[MeasuredRound] = field(default_factory=list)
 
     def report(self, ctx: SearchContext) -> dict[str, Any]:
         r = self.result
@@ -260,6 +270,7 @@ class BaselineOutcome:
             "scored": [c.describe(ctx.space) for c in r.scored],
             "num_candidates": r.num_candidates,
             "seconds": self.seconds,
+            "measured_rounds": [r.model_dump() for r in self.measured_rounds],
             "arch": self.spec.to_dict(),
         }
 
@@ -296,7 +307,7 @@ def run_search(
     t1, c1 = time.perf_counter(), time.process_time()
     anchor = result.argmax_choice(space)
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
-    found = None
+    measured_scores_ = None
     if config.score == "measured":
         jobs = measured_job_list(space, anchor, config.score_radius)
         bar = _Bar("scores", len(jobs), progress)
@@ -306,15 +317,22 @@ def run_search(
             count[0] += 1
             bar.update(count[0], "")
 
-        scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config),
-                                 radius=config.score_radius, progress=tick)
+        measured_scores_ = measured_scores(ctx.masked, anchor, ctx.score_batches(config),
+                                           radius=config.score_radius, progress=tick)
         bar.close()
-        found = repair(space, costs, inner, anchor, scores)
-    if found is None:  # probability scores cover the whole space
-        scores = probability_scores(space, result.probabilities(space))
-        found = repair(space, costs, inner, anchor, scores)
-    if found is None:
-        _raise_unreachable(ctx, limits, budgets)
+    fallback = probability_scores(space, result.probabilities(space))
+
+    def pick(bounds: dict[str, float]):
+        found = repair(space, costs, bounds, anchor, measured_scores_) if measured_scores_ \
+            else None
+        # probability scores cover the whole space
+        found = found or repair(space, costs, bounds, anchor, fallback)
+        if found is None:
+            _raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
+        return found
+
+    found, rounds = _measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
+                                   budgets, inner)
     t2, c2 = time.perf_counter(), time.process_time()
     spec = space.spec_of(found.choice)
     prediction, checks = _final_check(ctx, spec, limits)
@@ -322,7 +340,8 @@ def run_search(
                "total": result.seconds + (t2 - t1),
                "cpu_total": result.cpu_seconds + (c2 - c1), "threads": torch.get_num_threads()}
     return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
-                         checks=checks, dnas=result, discretized=found, seconds=seconds)
+                         checks=checks, dnas=result, discretized=found, seconds=seconds,
+                         measured_rounds=rounds)
 
 
 def run_minitron(
@@ -338,14 +357,24 @@ def run_minitron(
                                 hint="--params N, or --match-target T --workload W with limits")
     t0 = time.perf_counter()
     batches = ctx.score_batches(config)
+    rounds: list[MeasuredRound] = []
     if params is not None:
         result = minitron_for_params(ctx.space, ctx.importance, params, ctx.masked, batches,
                                      config.minitron)
     else:
         _need_costs(ctx)
         budgets = budgets_from_limits(limits, ctx.workload)
-        result = minitron_matched(ctx.space, ctx.importance, ctx.costs, budgets, ctx.masked,
-                                  batches, config.minitron)
+
+        def pick(bounds: dict[str, float]):
+            try:
+                return minitron_matched(ctx.space, ctx.importance, ctx.costs, bounds,
+                                        ctx.masked, batches, config.minitron)
+            except AutoCompressError:
+                if bounds == budgets:
+                    raise
+                _raise_unreachable(ctx, limits, budgets, as_measured=True)
+
+        result, rounds = _measured_loop(ctx, config, pick, lambda r: r.spec, budgets, budgets)
     prediction = None
     if ctx.cost_model is not None and ctx.workload is not None:
         prediction = ctx.cost_model.predict(result.spec, ctx.workload)
@@ -354,10 +383,23 @@ def run_minitron(
         raise AutoCompressError(  # the tables and predict() disagree: a bug, not user input
             f"internal error: the baseline breaks its limits under predict(): {checks}")
     return BaselineOutcome(spec=result.spec, result=result, limits=limits, prediction=prediction,
-                           checks=checks, seconds=time.perf_counter() - t0)
+                           checks=checks, seconds=time.perf_counter() - t0,
+                           measured_rounds=rounds)
 
 
 # ------------------------------------------------------------------ checks
+
+
+def _measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
+                   budgets: dict[str, float], inner: dict[str, float]):
+    """``measured.closed_loop`` where the target can be timed here; else one pick."""
+    target = ctx.cost_model.target
+    if config.measured_rounds == 0 or not target.measurable:
+        return pick(inner), []
+    return closed_loop(
+        pick, spec_of, ctx.cost_model, ctx.workload, budgets, inner, config.measured_rounds,
+        lambda spec: measure_spec(spec, ctx.model.config, ctx.cost_model, ctx.workload,
+                                  config.measured_repeats))
 
 
 def _need_costs(ctx: SearchContext) -> None:
@@ -386,7 +428,13 @@ def _check_reachable(ctx: SearchContext, limits: Limits, budgets: dict[str, floa
         _raise_unreachable(ctx, limits, budgets, smallest)
 
 
-def _raise_unreachable(ctx, limits, budgets, smallest=None) -> None:
+def _raise_unreachable(ctx, limits, budgets, smallest=None, as_measured=False) -> None:
+    if as_measured:
+        raise AutoCompressError(
+            "no architecture in the search space meets the limits as measured on "
+            f"{ctx.cost_model.target.name}: the cost model is optimistic here, and the budgets "
+            "corrected by its measured error are below the smallest reachable costs",
+            hint="loosen the limits, or refit the cost model (autocompress costmodel fit)")
     smallest = smallest or smallest_reachable(ctx.space, ctx.costs, list(budgets))
     parts = []
     for m, b in budgets.items():
