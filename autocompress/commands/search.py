@@ -195,7 +195,8 @@ def minitron_command(
         None, "--importance", "-i", help="Importance file; computed if omitted."),
     data: Path | None = typer.Option(
         None, "--data", help="Corpus directory (calibration split). Default: the stdlib corpus."),
-    max_depth_drop: int = typer.Option(2, help="Most layers Minitron may drop (0 = width only)."),
+    max_depth_drop: int | None = typer.Option(
+        None, help="Most layers Minitron may drop (0 = width only; default: half of them)."),
     top_k: int = typer.Option(
         8, help="Candidates closest to the parameter target that are scored by calibration KL."),
     granularity: int = typer.Option(16, help="Hidden sizes and FFN widths are multiples of this."),

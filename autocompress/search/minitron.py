@@ -41,8 +41,12 @@ class MinitronConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_depth_drop: int = Field(
-        default=2, ge=0, description="Most layers that may be dropped (0 = width only)."
+    # Minitron prunes depth as well as width (Llama 3.1 8B: 32 → 16 layers), so by
+    # default the baseline may drop up to half the layers; fewer made tight budgets
+    # unreachable for it where the heterogeneous search still found a model.
+    max_depth_drop: int | None = Field(
+        default=None, ge=0,
+        description="Most layers that may be dropped (0 = width only; None = half of them).",
     )
     top_k: int = Field(
         default=8, ge=1, description="Candidates closest to the parameter target that are scored."
@@ -104,7 +108,8 @@ def candidates(space: SearchSpace, importance: Importance,
     """Every homogeneous architecture of the space (with up to ``max_depth_drop`` layers gone)."""
     config = config or MinitronConfig()
     has_noop = space.attention_options[-1] is None and space.ffn_options[-1] is None
-    max_drop = min(config.max_depth_drop, max(0, space.num_layers - 2)) if has_noop else 0
+    most = space.num_layers // 2 if config.max_depth_drop is None else config.max_depth_drop
+    max_drop = min(most, max(0, space.num_layers - 2)) if has_noop else 0
     out = []
     for drop in range(max_drop + 1):
         dropped = sorted(importance.layers_to_drop(drop, config.depth_metric)) if drop else []
