@@ -98,6 +98,12 @@ def table_rows(data: dict) -> list[dict[str, str]]:
                 "verify": "not run" if "verify_ok" not in m else "pass" if m["verify_ok"]
                           else "FAIL (" + ", ".join(m.get("violations", [])) + ")",
             })
+        for method, reason in run.get("failed_methods", {}).items():
+            rows.append({
+                "preset": run["preset"], "budget": f"{run['budget_fraction']:.0%}",
+                "limit": _limit_text(run), "method": METHOD_LABELS.get(method, method),
+                "params": "—", "mc_mean": "—", "loss": "—", "main": "—", "memory": "—",
+                "verify": "no architecture: " + reason.split(":")[0]})
     return rows
 
 
@@ -177,6 +183,13 @@ def verdicts(data: dict) -> list[dict[str, Any]]:
 
 def analysis_text(data: dict) -> list[str]:
     lines = []
+    for run in data.get("runs", []):
+        for method, reason in run.get("failed_methods", {}).items():
+            others = [METHOD_LABELS.get(k, k) for k in run.get("methods", {})]
+            lines.append(
+                f"- **{run['preset']} @ {run['budget_fraction']:.0%}**: "
+                f"{METHOD_LABELS.get(method, method)} found no architecture ({reason})"
+                + (f"; {', '.join(others)} did." if others else "."))
     for v in verdicts(data):
         head = f"- **{v['preset']} @ {v['budget_fraction']:.0%}**: "
         if v["mc_delta"] is None:

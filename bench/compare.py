@@ -183,6 +183,7 @@ class Comparison:
 
     # -------------------------------------------------------------- one budget
     def run_budget(self, preset: str, fraction: float) -> dict:
+        from autocompress.errors import AutoCompressError
         from autocompress.search import SearchContext
 
         ctx = SearchContext.build((self.model, self.tokenizer), self.args.target, preset,
@@ -207,7 +208,18 @@ class Comparison:
         for stage in (self.stage_arch, self.stage_pruned, self.stage_distill, self.stage_eval,
                       self.stage_verify):
             for method, st in states.items():
-                stage(ctx, limits, folder, st)
+                if method in run.get("failed_methods", {}):
+                    continue
+                try:
+                    stage(ctx, limits, folder, st)
+                except AutoCompressError as err:
+                    # One method finding no architecture is a result (the other may still
+                    # reach the budget); record why and carry on with the other.
+                    if stage != self.stage_arch:
+                        raise
+                    run.setdefault("failed_methods", {})[method] = err.message
+                    log(f"{method}: {err.message}")
+                    continue
                 run["methods"][method] = self.summary(st)
                 if self.on_method_done:
                     self.on_method_done(run)

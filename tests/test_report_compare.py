@@ -169,3 +169,14 @@ def test_partial_run_renders_without_scores_or_measurements(tmp_path):
     assert v["mc_delta"] is None and v["loss_delta_pruned"] == pytest.approx(5.0 - 5.2)
     text = report.write_report(data, tmp_path).read_text()
     assert "benchmark scores missing" in text
+
+
+def test_a_method_without_an_architecture_is_reported_not_dropped(tmp_path):
+    data = _synthetic(minitron_wins=False)
+    run = data["runs"][0]
+    del run["methods"]["minitron"]
+    run["failed_methods"] = {"minitron": "no architecture meets the limits as measured: x"}
+    table = report.readme_table(data)
+    assert "| Minitron | — |" in table and "no architecture" in table
+    assert "Minitron found no architecture" in "\n".join(report.analysis_text(data))
+    assert report.write_report(data, tmp_path).exists()  # plots skip the missing method
