@@ -124,7 +124,8 @@ def readme_table(data: dict) -> str:
     settings = data.get("settings", {})
     note = (f"\n_Generated from `results/compare.json` ({data.get('created', '?')}; target "
             f"{data.get('target', '?')}; distillation {settings.get('distill_tokens', '?'):,} "
-            f"tokens per model; eval limit {settings.get('eval_limit')} items per task)._"
+            f"tokens per model; " + (f"eval limit {settings['eval_limit']} items per task)._"
+                                      if settings.get("eval_limit") else "full benchmark suite)._")
             if isinstance(settings.get("distill_tokens"), int) else "")
     if data.get("synthetic"):
         note += "\n_SYNTHETIC test data, not a measurement._"
