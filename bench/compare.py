@@ -18,8 +18,9 @@ interrupted search or distillation. The summary goes to ``results/compare.json``
 (atomically, after every finished method, so a partial run is still readable)
 and a rich table is printed. ``autocompress bench compare`` runs this module.
 
+    .venv/bin/python bench/compare.py                 # the README's run (~35 min)
     .venv/bin/python bench/compare.py --presets interactive-cpu --budgets 0.4 \
-        --distill-tokens 150000 --eval-limit 100 --search-steps 120
+        --distill-tokens 50000 --eval-limit 100 --search-steps 80   # a quick look
 """
 
 from __future__ import annotations
@@ -394,12 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets", nargs="+", type=float, default=[0.6, 0.4],
                    help="Fractions of the teacher's predicted main-metric cost.")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--distill-tokens", type=int, default=200_000)
+    # Defaults = the run behind the README table (about 35 minutes on 2 cores).
+    p.add_argument("--distill-tokens", type=int, default=100_000)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--eval-limit", type=int, default=100,
-                   help="Items per benchmark task (None-equivalent: 0 = all).")
+    p.add_argument("--eval-limit", type=int, default=0,
+                   help="Items per benchmark task (0 = all of them).")
     p.add_argument("--heldout-batches", type=int, default=8)
-    p.add_argument("--search-steps", type=int, default=240)
+    p.add_argument("--search-steps", type=int, default=160)
     p.add_argument("--verify-repeats", type=int, default=5)
     p.add_argument("--cost-model", default="fitted", choices=["fitted", "analytic"],
                    help="fitted: the target's saved fit if any, else analytic.")

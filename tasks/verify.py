@@ -22,7 +22,7 @@ def verify_model(ctx: StageContext, model: ArtifactRef, costmodel: ArtifactRef, 
     from autocompress.costmodel import CostModel
     from autocompress.verify import verify
 
-    opts = {"repeats": 5, "warmup": 1, **(options or {})}
+    opts = {"repeats": 9, "warmup": 1, **(options or {})}
     ctx.log_params({"verify": opts, "machine": machine})
     report = verify(ctx.fetch(model), target, workload, limits,
                     cost_model=CostModel.load(ctx.fetch(costmodel)), **opts)

@@ -88,7 +88,7 @@ class SearchConfig(BaseModel):
         description="On a target this machine can time: measure the pick (random weights) "
         "and, where it misses a timing budget, tighten that budget by the cost model's error "
         "on it and pick again, at most this many measurements (0 = trust the cost model).")
-    measured_repeats: int = Field(default=5, ge=1, description="Timed runs per measurement.")
+    measured_repeats: int = Field(default=9, ge=2, description="Timed runs per measurement.")
 
 
 # ------------------------------------------------------------------ context
