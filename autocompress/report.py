@@ -182,6 +182,20 @@ def verdicts(data: dict) -> list[dict[str, Any]]:
     return out
 
 
+def compute_seconds(data: dict) -> float:
+    """Seconds of search, distillation and evaluation behind ``data``, as each stage
+    recorded them when it ran (so a resumed comparison still counts its cached stages)."""
+    total = data.get("teacher", {}).get("scores", {}).get("seconds") or 0.0
+    for run in data.get("runs", []):
+        for m in run.get("methods", {}).values():
+            search = m.get("search_seconds")
+            total += (search.get("total", 0.0) if isinstance(search, dict)
+                      else search or 0.0)
+            total += (m.get("distill") or {}).get("seconds") or 0.0
+            total += m.get("scores", {}).get("seconds") or 0.0
+    return total
+
+
 def analysis_text(data: dict) -> list[str]:
     lines = []
     for run in data.get("runs", []):
@@ -379,11 +393,16 @@ def write_report(data: dict, out_dir: str | Path) -> Path:
     if data.get("synthetic"):
         lines += ["**SYNTHETIC DATA (test fixture) — not a measurement.**", ""]
     s = data.get("settings", {})
+    limit = s.get("eval_limit")
     lines += [f"Target `{data.get('target')}`; teacher `{data.get('teacher', {}).get('dir')}`; "
-              f"created {data.get('created')}; wall time {data.get('wall_s', 0):.0f} s.",
+              f"created {data.get('created')}; wall time of the last invocation "
+              f"{data.get('wall_s', 0):.0f} s (stages cached by earlier ones are not in it); "
+              f"search + distillation + evaluation of every model, cached or not: "
+              f"{compute_seconds(data):.0f} s.",
               f"Same importance, calibration/training data, seeds (seed {s.get('seed')}) and "
               f"distillation budget ({s.get('distill_tokens')} tokens) for both methods; "
-              f"benchmark items capped at {s.get('eval_limit')} per task; "
+              + (f"benchmark items capped at {limit} per task; " if limit else
+                 "the full benchmark suite; ") +
               f"search steps {s.get('search_steps')}.", "", "## Results", "",
               readme_table(data), "## Verdict (tighter budgets are what the issue asks about)",
               ""]

@@ -89,12 +89,14 @@ def main() -> None:
     parser.add_argument("--target", default="cpu-local/hf-eager/fp32")
     parser.add_argument("--workload", default="interactive-cpu")
     parser.add_argument("--tpot-fraction", type=float, default=0.5)
-    parser.add_argument("--eval-limit", type=int, default=None, help="items per task")
+    parser.add_argument("--eval-limit", type=int, default=None,
+                        help="items per task (default or 0: all of them)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("results/tmp/distill_recovery"))
     parser.add_argument("--out", type=Path, default=Path("bench/results/distill_recovery.json"))
     args = parser.parse_args()
+    args.eval_limit = args.eval_limit or None
     torch.set_num_threads(args.threads)
 
     from autocompress.arch import ArchSpec
