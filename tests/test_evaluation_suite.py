@@ -162,6 +162,8 @@ def test_unknown_and_unsafe_benchmarks_are_one_line_errors(setup):
     assert "\n" not in str(err.value) and err.value.hint
     with pytest.raises(AutoCompressError, match="'humaneval' executes code"):
         evaluate(setup["model"], setup["tok"], tasks="humaneval", **kwargs)
+    with pytest.raises(AutoCompressError, match="leaves no items"):  # not lm-eval's crash
+        evaluate(setup["model"], setup["tok"], limit=0, **kwargs)
 
 
 def test_task_sets_expand_in_order():

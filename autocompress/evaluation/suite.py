@@ -148,6 +148,9 @@ def evaluate(model: torch.nn.Module, tokenizer, tasks: Iterable[str] | str | Non
     from autocompress.data.corpus import ensure_corpus, load_documents, load_manifest
     from autocompress.paths import home
 
+    if limit is not None and limit < 1:
+        raise AutoCompressError(f"eval limit {limit} leaves no items to score",
+                                hint="give a positive limit, or none for every item")
     cfg = config or EvalConfig()
     local, run_heldout, std_names = expand_tasks(tasks)
     needs_corpus = bool(local) or run_heldout
