@@ -126,7 +126,6 @@ def verify(
     setting), so measurement and prediction describe the same machine state.
     ``cost_model`` defaults to ``CostModel.for_target(target)``.
     """
-    from autocompress.costmodel.measure import measure_model
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.workload import get_workload
@@ -136,8 +135,6 @@ def verify(
     workload = get_workload(workload) if isinstance(workload, str) else workload
     device = measurement_device(target)
     cost_model = cost_model or CostModel.for_target(target)
-    if threads is None and cost_model.fit is not None:
-        threads = cost_model.fit.threads
 
     model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
                               with_tokenizer=False)
@@ -145,16 +142,8 @@ def verify(
     spec = arch_spec_of(model)
     predicted, note = _predict(cost_model, spec, workload)
 
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        measurement = measure_model(model, workload, repeats=repeats, warmup=warmup, seed=seed)
-    finally:
-        torch.set_num_threads(previous)
-
-    # Compare like with like: the timing statistic the cost model was fitted to.
-    statistic = cost_model.fit.statistic if cost_model.fit is not None else "median"
+    measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,
+                                               warmup=warmup, seed=seed, threads=threads)
     measured = measurement.metrics(statistic)
     noise = measurement_noise(measurement)
     checks = limits.check(measured, noise)
@@ -167,6 +156,28 @@ def verify(
         prediction_note=note, cost_model=cost_model.version,
         measurement=_measurement_detail(measurement, statistic),
     )
+
+
+def measure_as_fitted(model: torch.nn.Module, workload, cost_model, repeats: int = 5,
+                      warmup: int = 1, seed: int = 0, threads: int | None = None,
+                      memory: bool = True):
+    """Measure ``model`` as ``cost_model`` was fitted: with its thread count (unless
+    ``threads`` is given) and its timing statistic, so measured and predicted compare like
+    with like. Returns (Measurement, statistic name)."""
+    from autocompress.costmodel.measure import measure_model
+
+    fit = cost_model.fit
+    if threads is None and fit is not None:
+        threads = fit.threads
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        measurement = measure_model(model, workload, repeats=repeats, warmup=warmup, seed=seed,
+                                    memory=memory)
+    finally:
+        torch.set_num_threads(previous)
+    return measurement, (fit.statistic if fit is not None else "median")
 
 
 def _predict(cost_model, spec, workload) -> tuple[dict[str, float] | None, str | None]:

@@ -80,7 +80,7 @@ def run(
     (embedded sqlite under $AUTOCOMPRESS_HOME unless MLFLOW_TRACKING_URI is set).
     """
     started = time.perf_counter()
-    _quiet_defaults()
+    _prepare_environment()
     if refresh_cache:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
     from flows.compress import compress
@@ -117,7 +117,7 @@ def _options(text: str | None) -> dict[str, Any]:
     return data
 
 
-def _quiet_defaults() -> None:
+def _prepare_environment() -> None:
     # Prefect creates its home without parents and then fails to open its database:
     # on a fresh clone $PREFECT_HOME (.autocompress/prefect) has no parent yet.
     prefect_home = os.environ.get("PREFECT_HOME")

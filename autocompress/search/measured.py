@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from pydantic import BaseModel
 
 from autocompress.arch import ArchSpec
@@ -46,21 +45,13 @@ def measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload,
                  repeats: int = 9) -> tuple[dict[str, float], dict[str, float]]:
     """Time ``spec`` (random weights) on the cost model's target, as the model was fitted
     (same thread count and timing statistic). Returns (metrics, noise of each metric)."""
-    from autocompress.costmodel.measure import measure_model
     from autocompress.modeling import build_model
-    from autocompress.verify import measurement_device, measurement_noise
+    from autocompress.verify import measure_as_fitted, measurement_device, measurement_noise
 
-    fit = cost_model.fit
     model = build_model(spec, base_config, seed=0).eval()
     model.to(measurement_device(cost_model.target))
-    previous = torch.get_num_threads()
-    if fit is not None and fit.threads:
-        torch.set_num_threads(fit.threads)
-    try:
-        measurement = measure_model(model, workload, repeats=repeats, memory=False)
-    finally:
-        torch.set_num_threads(previous)
-    statistic = fit.statistic if fit is not None else "median"
+    measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,
+                                               memory=False)
     return measurement.metrics(statistic), measurement_noise(measurement)
 
 

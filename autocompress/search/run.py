@@ -307,7 +307,7 @@ def run_search(
     t1, c1 = time.perf_counter(), time.process_time()
     anchor = result.argmax_choice(space)
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
-    measured_scores_ = None
+    option_scores = None
     if config.score == "measured":
         jobs = measured_job_list(space, anchor, config.score_radius)
         bar = _Bar("scores", len(jobs), progress)
@@ -317,14 +317,14 @@ def run_search(
             count[0] += 1
             bar.update(count[0], "")
 
-        measured_scores_ = measured_scores(ctx.masked, anchor, ctx.score_batches(config),
-                                           radius=config.score_radius, progress=tick)
+        option_scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config),
+                                        radius=config.score_radius, progress=tick)
         bar.close()
     fallback = probability_scores(space, result.probabilities(space))
 
     def pick(bounds: dict[str, float]):
-        found = repair(space, costs, bounds, anchor, measured_scores_) if measured_scores_ \
-            else None
+        found = (repair(space, costs, bounds, anchor, option_scores)
+                 if option_scores is not None else None)
         # probability scores cover the whole space
         found = found or repair(space, costs, bounds, anchor, fallback)
         if found is None:
