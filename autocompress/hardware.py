@@ -68,6 +68,17 @@ class RobustStat(BaseModel):
         """Relative spread: IQR / median (0 when the median is 0)."""
         return self.iqr / self.median if self.median else 0.0
 
+    def scaled(self, factor: float, unit: str | None = None) -> RobustStat:
+        """The same statistics of the samples multiplied by ``factor`` (> 0)."""
+        def times(value: float | None) -> float | None:
+            return None if value is None else value * factor
+
+        return self.model_copy(update={
+            "median": self.median * factor, "q1": self.q1 * factor, "q3": self.q3 * factor,
+            "p10": times(self.p10), "minimum": times(self.minimum),
+            "unit": self.unit if unit is None else unit,
+        })
+
     @classmethod
     def of(cls, samples: Sequence[float], unit: str = "") -> RobustStat:
         """Summarise ``samples`` (at least one)."""

@@ -162,19 +162,24 @@ def measure_as_fitted(model: torch.nn.Module, workload, cost_model, repeats: int
                       warmup: int = 1, seed: int = 0, threads: int | None = None,
                       memory: bool = True):
     """Measure ``model`` as ``cost_model`` was fitted: with its thread count (unless
-    ``threads`` is given) and its timing statistic, so measured and predicted compare like
-    with like. Returns (Measurement, statistic name)."""
-    from autocompress.costmodel.measure import measure_model
+    ``threads`` is given), its timing statistic, and paired with its timing reference
+    when it was fitted that way, so measured and predicted compare like with like.
+    Returns (Measurement, statistic name)."""
+    from autocompress.costmodel.measure import measure_model, timing_reference
 
     fit = cost_model.fit
     if threads is None and fit is not None:
         threads = fit.threads
+    reference = None
+    if fit is not None and fit.timing == "paired" and fit.reference_spec:
+        parameter = next(model.parameters())
+        reference = timing_reference(fit.reference_spec, parameter.dtype, parameter.device)
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         measurement = measure_model(model, workload, repeats=repeats, warmup=warmup, seed=seed,
-                                    memory=memory)
+                                    memory=memory, reference=reference)
     finally:
         torch.set_num_threads(previous)
     return measurement, (fit.statistic if fit is not None else "median")
@@ -213,4 +218,6 @@ def _measurement_detail(measurement, statistic: str) -> dict:
         "threads": measurement.threads,
         "device": measurement.device,
         "statistic": statistic,
+        "timing": measurement.timing,
+        "paired": measurement.paired.model_dump() if measurement.paired else None,
     }

@@ -11,9 +11,13 @@ peak-memory MAPE ≤ 5 %, Kendall τ ≥ 0.9, over ≥ 30 architectures. Steps:
    metric (MAPE, Kendall τ, median spread), pooled and per workload.
 
 Prints a table and writes ``--out`` (JSON, with the fitted model's version and
-both durations) and a predicted-vs-measured PNG beside it. Timing on a shared
-machine is noisy: the spread column says how noisy; run it when the machine is
-quiet. On 2 quiet cores the defaults take roughly 10–15 minutes.
+both durations) and a predicted-vs-measured PNG beside it. Timing is paired
+with the teacher's architecture (``autocompress/costmodel/measure.py``;
+``--absolute`` times each model alone): the spread column is the spread of the
+paired figures, and the lines under the table give the spread of the same runs'
+absolute times and how far the reference's own speed moved between the fit and
+the validation. Run it alone. On 2 quiet cores the defaults take about 22
+minutes (7 to fit, 15 to validate); ``--absolute`` about 6.
 
     .venv/bin/python bench/costmodel_validate.py [--n 30] [--probes 20] [--repeats 5]
         [--fit-repeats 3] [--threads 1] [--out bench/results/costmodel_validate.json]
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -38,21 +43,36 @@ TAU_GOAL = 0.9
 
 def joint_fit_and_validate(target, base, workloads, args):
     """Probes and validation architectures measured together, fitted on the probes only."""
-    from autocompress.costmodel.fit import fit_from_rows, rows_from_grid
-    from autocompress.costmodel.measure import measure_grid
+    from autocompress.costmodel.fit import (
+        fit_from_rows,
+        reference_times,
+        rows_from_grid,
+        training_mape,
+    )
+    from autocompress.costmodel.measure import measure_grid, timing_reference
+    from autocompress.costmodel.model import FitReport, now_iso
     from autocompress.costmodel.space import SearchSpace
     from autocompress.costmodel.validate import sample_specs, score_measurements
     from autocompress.modeling import arch_spec_of, build_model
 
     start = time.perf_counter()
-    reference = arch_spec_of(base)
-    probes = SearchSpace.around(reference).probe_specs(args.probes, seed=0)
-    held_out = sample_specs(reference, args.n, seed=1000)
+    base_spec = arch_spec_of(base)
+    probes = SearchSpace.around(base_spec).probe_specs(args.probes, seed=0)
+    held_out = sample_specs(base_spec, args.n, seed=1000)
     models = [build_model(s, base, seed=i) for i, s in enumerate([*probes, *held_out])]
+    reference = None if args.absolute else timing_reference(base_spec)
     grid = measure_grid(models, workloads, repeats=args.repeats, warmup=args.warmup,
-                        description="probes + validation")
+                        description="probes + validation", reference=reference)
     rows = rows_from_grid(probes, workloads, [row[: len(probes)] for row in grid])
     model = fit_from_rows(target, rows, args.statistic)
+    model = model.model_copy(update={"fit": FitReport(
+        created=now_iso(), seconds=time.perf_counter() - start,
+        threads=torch.get_num_threads(), statistic=args.statistic,
+        timing="absolute" if args.absolute else "paired",
+        reference_spec=None if args.absolute else base_spec.to_dict(),
+        reference_ms=reference_times(rows), n_probes=len(probes), n_rows=len(rows),
+        workloads=[w.name for w in workloads], median_spread={},
+        train_mape=training_mape(model, rows, args.statistic))})
     seconds = time.perf_counter() - start
     report = score_measurements(model, held_out, workloads,
                                 [row[len(probes):] for row in grid], args.statistic, seconds)
@@ -70,6 +90,9 @@ def main() -> None:
     parser.add_argument("--workload", action="append", help="workload preset (repeatable)")
     parser.add_argument("--statistic", choices=("median", "floor"), default="median",
                         help="timing statistic to fit and score (floor on a busy machine)")
+    parser.add_argument("--absolute", action="store_true",
+                        help="time each model alone (default: paired in lockstep with the "
+                        "teacher's architecture, see autocompress/costmodel/measure.py)")
     parser.add_argument("--joint", action="store_true",
                         help="measure probes and validation architectures in one interleaved "
                         "grid (same machine load for both; for a busy machine), then fit on "
@@ -97,7 +120,7 @@ def main() -> None:
         start = time.perf_counter()
         model, _ = fit_cost_model(target, base, workloads, n_probes=args.probes,
                                   repeats=args.fit_repeats, warmup=args.warmup,
-                                  statistic=args.statistic)
+                                  statistic=args.statistic, paired=not args.absolute)
         fit_seconds = time.perf_counter() - start
         report = validate_cost_model(model, base, workloads, n=args.n, repeats=args.repeats,
                                      warmup=args.warmup, statistic=args.statistic)
@@ -106,7 +129,7 @@ def main() -> None:
 
     print(f"\ncost model {model.version}; fit {fit_seconds:.0f} s on {args.probes} probes, "
           f"validation {report.seconds:.0f} s on n={args.n} × {len(workloads)} workloads "
-          f"({args.threads} thread(s), {args.statistic} timings)")
+          f"({args.threads} thread(s), {args.statistic} of {report.timing} timings)")
     print(f"{'metric':8} {'MAPE %':>8} {'goal':>6} {'tau':>7} {'spread %':>9}  per workload MAPE")
     for metric, mape, tau, spread in report.table():
         per = ", ".join(f"{w}: {report.per_workload[w]['mape'][metric]:.1f}"
@@ -115,6 +138,14 @@ def main() -> None:
         print(f"{metric:8} {mape:8.2f} {GOALS[metric]:6.1f} {tau:7.3f} {spread * 100:9.1f}  "
               f"{per}  {ok}")
 
+    if report.timing == "paired":
+        absolute = {m: statistics.median(s.absolute_spread[m] for s in report.samples)
+                    for m in ("ttft_ms", "tpot_ms")}
+        print(f"spread of the same runs' absolute times: TTFT {absolute['ttft_ms'] * 100:.1f} %, "
+              f"TPOT {absolute['tpot_ms'] * 100:.1f} % (pairing removes it)")
+        for name, drift in report.reference_drift.items():
+            print(f"reference {name}: validation vs fit session "
+                  + ", ".join(f"{k} {v * 100:+.1f} %" for k, v in drift.items()))
     payload = report.model_dump(mode="json")
     payload.update({
         "fit_seconds": fit_seconds,
@@ -124,6 +155,7 @@ def main() -> None:
         "threads": args.threads,
         "statistic": args.statistic,
         "joint": args.joint,
+        "timing": report.timing,
         "goals": {"mape": GOALS, "kendall_tau": TAU_GOAL},
         "fit_report": model.fit.model_dump(mode="json") if model.fit else None,
         "hardware": profile.cpu_spec().model_dump(mode="json"),
@@ -133,9 +165,10 @@ def main() -> None:
     tmp = args.out.with_name(f".{args.out.name}.tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     tmp.replace(args.out)
-    other = "floor" if args.statistic == "median" else "median"
-    print("against " + other + " timings: " + ", ".join(
-        f"{m} MAPE {report.by_statistic[other]['mape'][m]:.2f}" for m in GOALS))
+    if report.timing == "absolute":  # a floor of paired ratios means nothing
+        other = "floor" if args.statistic == "median" else "median"
+        print("against " + other + " timings: " + ", ".join(
+            f"{m} MAPE {report.by_statistic[other]['mape'][m]:.2f}" for m in GOALS))
     print(f"wrote {args.out} and {png}")
 
 

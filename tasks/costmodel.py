@@ -25,6 +25,8 @@ class FitOptions(BaseModel):
     repeats: int = 3
     warmup: int = 1
     seed: int = 0
+    paired: bool = Field(True, description="time probes in lockstep with the teacher's "
+                         "architecture (see autocompress.costmodel.measure)")
 
 
 class ValidationOptions(BaseModel):
@@ -99,7 +101,8 @@ def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile:
         workloads = _workloads(opts.workloads, "") if opts.workloads else None  # None: fit's
         model, rows = fit_cost_model(parsed, _teacher_config(ctx, teacher), workloads=workloads,
                                      n_probes=opts.n_probes, repeats=opts.repeats,
-                                     warmup=opts.warmup, seed=opts.seed, progress=False)
+                                     warmup=opts.warmup, seed=opts.seed, paired=opts.paired,
+                                     progress=False)
         if model.fit is not None:
             metrics = {f"train_mape.{k}": float(v) for k, v in model.fit.train_mape.items()}
             metrics["fit_seconds"] = float(model.fit.seconds)

@@ -117,3 +117,130 @@ def test_validation_report_and_plot(tmp_path, autocompress_home):
     assert set(data["by_statistic"]) == {"median", "floor"}
     png = plot_validation(report, tmp_path / "plot.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ paired timing
+
+
+def _slow_reference(seconds: float):
+    """A second tiny Llama whose every forward takes at least ``seconds`` longer."""
+    import time
+
+    torch.manual_seed(1)
+    reference = LlamaForCausalLM(TINY).eval()
+    reference.register_forward_pre_hook(lambda module, args: time.sleep(seconds))
+    return reference
+
+
+def test_paired_run_alternates_and_keeps_each_models_times(llama):
+    """Lockstep: model and reference alternate call by call, in either order, and
+    each one's times land in its own list (the reference is the one that sleeps)."""
+    from autocompress.costmodel.measure import generate_paired
+
+    reference = _slow_reference(0.02)
+    calls: list[str] = []
+    hooks = [llama.register_forward_pre_hook(lambda m, a: calls.append("model")),
+             reference.register_forward_pre_hook(lambda m, a: calls.append("reference"))]
+    ids = prompt_ids(llama, Workload(isl=8, osl=5))
+    try:
+        for reference_first in (False, True):
+            calls.clear()
+            run = generate_paired(llama, reference, ids, ids, osl=5, prefills=3,
+                                  reference_first=reference_first)
+            pair = ["reference", "model"] if reference_first else ["model", "reference"]
+            assert calls == pair * (3 + 4)
+            assert len(run.prefills) == len(run.reference_prefills) == 3
+            assert len(run.steps) == len(run.reference_steps) == 4
+            assert min(run.reference_steps + run.reference_prefills) >= 0.02
+            assert sorted(run.steps)[2] < sorted(run.reference_steps)[2]
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def test_paired_measurement_is_the_ratio_times_the_reference_floor(llama):
+    from autocompress.costmodel.measure import PAIRED_PREFILLS
+
+    reference = _slow_reference(0.005)
+    workload = Workload(isl=16, osl=5)
+    m = measure_model(llama, workload, repeats=3, warmup=1, memory=False, reference=reference)
+    p = m.paired
+    assert m.timing == "paired" and p is not None
+    assert p.ttft_ratio.n == p.tpot_ratio.n == 3
+    assert p.reference_ttft_ms.n == 3 * PAIRED_PREFILLS and p.reference_tpot_ms.n == 3 * 4
+    assert p.reference_params == sum(x.numel() for x in reference.parameters())
+    # The reported times are the ratios expressed through the reference's floor.
+    assert m.tpot_ms.median == pytest.approx(p.tpot_ratio.median * p.reference_tpot_ms.p10)
+    assert m.ttft_ms.median == pytest.approx(p.ttft_ratio.median * p.reference_ttft_ms.p10)
+    assert m.tpot_ms.q1 == pytest.approx(p.tpot_ratio.q1 * p.reference_tpot_ms.p10)
+    assert m.metrics()["tpot_ms"] == m.tpot_ms.median
+    # The same model sleeping nothing is faster than the sleeping reference.
+    assert p.reference_tpot_ms.p10 >= 5.0 and 0 < p.tpot_ratio.median < 1
+    assert p.absolute_tpot_ms.median < p.reference_tpot_ms.median
+    # Unpaired measurements say so.
+    assert measure_model(llama, workload, repeats=1, warmup=0, memory=False).timing == "absolute"
+
+
+def test_paired_reference_must_cover_the_vocabulary(llama):
+    small = LlamaForCausalLM(TINY.__class__(**{**TINY.to_dict(), "vocab_size": 128})).eval()
+    with pytest.raises(ValueError, match="smaller vocabulary"):
+        measure_model(llama, Workload(isl=4, osl=2), repeats=1, reference=small)
+
+
+def _local_cpu_target() -> Target:
+    from autocompress.hardware import HardwareSpec
+
+    cpu = HardwareSpec(name="cpu-local", display_name="cpu", kind="cpu", memory_gib=4,
+                       bandwidth_gb_s=10, flops_tflops={"fp32": 0.05})
+    return Target.parse("h100-sxm/hf-eager/bf16").model_copy(
+        update={"hardware": cpu, "dtype": "fp32"})
+
+
+def test_fit_records_its_reference_and_verify_times_against_it(llama, tmp_path):
+    """A paired fit saves its reference; measuring as fitted and validating pair with
+    it; a model fitted before pairing existed (no such fields) still measures alone."""
+    from autocompress.costmodel.fit import fit_cost_model
+    from autocompress.costmodel.validate import validate_cost_model
+    from autocompress.verify import measure_as_fitted
+
+    workload = Workload(name="tiny", isl=16, osl=4)
+    model, rows = fit_cost_model(_local_cpu_target(), TINY, [workload], n_probes=5, repeats=1,
+                                 warmup=0, progress=False)
+    assert model.fit.timing == "paired" and rows[0].paired is not None
+    assert ArchSpec.model_validate(model.fit.reference_spec) == ArchSpec.from_hf_config(TINY)
+    assert model.fit.reference_ms["tiny"]["tpot_ms"] > 0
+    model.save(tmp_path / "cm.json")
+    loaded = CostModel.load(tmp_path / "cm.json")
+    assert loaded.fit.reference_spec == model.fit.reference_spec
+
+    measurement, _ = measure_as_fitted(llama, workload, loaded, repeats=1, warmup=0,
+                                       memory=False)
+    assert measurement.timing == "paired"
+    assert measurement.paired.reference_params == ArchSpec.from_hf_config(TINY).num_params()
+
+    report = validate_cost_model(loaded, TINY, [workload], n=3, repeats=1, warmup=0,
+                                 progress=False)
+    assert report.timing == "paired" and set(report.reference_drift) == {"tiny"}
+    assert report.samples[0].absolute_spread.keys() == {"ttft_ms", "tpot_ms"}
+
+    # A model fitted before paired timing existed: its file has none of the new keys
+    # (and so its old content hash still holds); it measures alone.
+    absolute = model.fit.model_copy(update={"timing": "absolute", "reference_spec": None,
+                                            "reference_ms": {}})
+    model.model_copy(update={"fit": absolute}).save(tmp_path / "old.json")
+    saved = json.loads((tmp_path / "old.json").read_text())["model"]["fit"]
+    assert not {"timing", "reference_spec", "reference_ms"} & set(saved)
+    legacy = CostModel.load(tmp_path / "old.json")
+    assert legacy.fit.timing == "absolute"
+    assert measure_as_fitted(llama, workload, legacy, repeats=1, warmup=0,
+                             memory=False)[0].timing == "absolute"
+
+
+def test_robust_stat_scaled():
+    from autocompress.hardware import RobustStat
+
+    stat = RobustStat.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    doubled = stat.scaled(2.0, "ms")
+    assert (doubled.median, doubled.q1, doubled.q3, doubled.p10, doubled.minimum) == (
+        2 * stat.median, 2 * stat.q1, 2 * stat.q3, 2 * stat.p10, 2 * stat.minimum)
+    assert doubled.n == stat.n and doubled.unit == "ms" and doubled.spread == stat.spread

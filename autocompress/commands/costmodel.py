@@ -246,6 +246,12 @@ def fit(
     threads: int = typer.Option(1, help=THREADS_HELP),
     seed: int = typer.Option(0, help="Seed of the probe design and weights."),
     statistic: str = typer.Option("median", help=STATISTIC_HELP),
+    paired: bool = typer.Option(
+        True, "--paired/--absolute",
+        help="Time every probe in lockstep with the teacher's architecture and fit the "
+        "ratio × the reference's uncontended time (steady on a shared CPU), or time each "
+        "probe alone. verify and the search measure the same way as the fit.",
+    ),
     out: Path | None = typer.Option(
         None, "--out", help="Where to save the model (default: AUTOCOMPRESS_HOME/costmodels/)."
     ),
@@ -261,7 +267,7 @@ def fit(
     parsed = Target.parse(target)
     model, rows = fit_cost_model(parsed, default_base_config(), _workloads(workload),
                                  n_probes=probes, repeats=repeats, warmup=warmup, seed=seed,
-                                 statistic=statistic)
+                                 statistic=statistic, paired=paired)
     path = out or default_path(parsed)
     sha = model.save(path)
     if rows_out:
@@ -318,7 +324,7 @@ def validate(
     if plot:
         plot_validation(report, plot)
     table = Table(title=f"{model.version}: n={n} × {len(report.workloads)} workload(s), "
-                  f"{statistic} timings, {report.seconds:.0f} s")
+                  f"{statistic} of {report.timing} timings, {report.seconds:.0f} s")
     for column in ("metric", "MAPE %", "Kendall τ", "median spread %"):
         table.add_column(column, justify="right")
     for metric, mape, tau, spread in report.table():

@@ -39,7 +39,12 @@ from autocompress.costmodel.blocks import (
     prefill_features,
 )
 from autocompress.costmodel.laws import ActivationLaw, LinearLaw
-from autocompress.costmodel.measure import STATISTICS, measure_grid
+from autocompress.costmodel.measure import (
+    STATISTICS,
+    PairedTiming,
+    measure_grid,
+    timing_reference,
+)
 from autocompress.costmodel.model import CostModel, FitReport, now_iso
 from autocompress.costmodel.space import SearchSpace
 from autocompress.costmodel.target import Target
@@ -59,6 +64,7 @@ class ProbeRow(BaseModel):
     tpot_ms: RobustStat
     tpot_steps_ms: RobustStat | None = None
     memory_bytes: float
+    paired: PairedTiming | None = None
 
     def timing(self, statistic: str) -> tuple[float, float]:
         """(TTFT, TPOT) in ms by ``statistic`` (see ``Measurement.metrics``)."""
@@ -81,8 +87,10 @@ def measure_probes(
     seed: int = 0,
     progress: bool = True,
     dtype: torch.dtype = torch.float32,
+    reference: torch.nn.Module | None = None,
 ) -> list[ProbeRow]:
-    """Build every probe (random weights, ``dtype``) and measure it on every workload."""
+    """Build every probe (random weights, ``dtype``) and measure it on every workload
+    (paired with ``reference`` when given)."""
     from autocompress.modeling import build_model
 
     models = [
@@ -90,7 +98,7 @@ def measure_probes(
         for i, spec in enumerate(specs)
     ]
     grid = measure_grid(models, workloads, repeats=repeats, warmup=warmup, seed=seed,
-                        progress=progress, description="measuring probes")
+                        progress=progress, description="measuring probes", reference=reference)
     return rows_from_grid(specs, workloads, grid)
 
 
@@ -106,6 +114,7 @@ def rows_from_grid(
             tpot_ms=result.tpot_ms,
             tpot_steps_ms=result.tpot_steps_ms,
             memory_bytes=result.memory_bytes,
+            paired=result.paired,
         )
         for workload, results in zip(workloads, grid, strict=True)
         for spec, result in zip(specs, results, strict=True)
@@ -264,6 +273,12 @@ def training_mape(
     return {metric: float(np.mean(values)) for metric, values in errors.items()}
 
 
+def reference_times(rows: Sequence[ProbeRow]) -> dict[str, dict[str, float]]:
+    """Per workload, the paired-timing reference's times (ms) in this measurement
+    session ({} when timing was absolute): later sessions compare theirs to see drift."""
+    return {row.workload.name: row.paired.scale() for row in rows if row.paired is not None}
+
+
 def _ape(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured * 100.0
 
@@ -278,11 +293,14 @@ def fit_cost_model(
     seed: int = 0,
     progress: bool = True,
     statistic: str = "median",
+    paired: bool = True,
 ) -> tuple[CostModel, list[ProbeRow]]:
     """Measure probes on ``target`` (must be measurable here) and fit a cost model.
 
     ``statistic``: fit the median timings (default) or their floor (10th
     percentile; estimates the uncontended speed on a busy machine).
+    ``paired``: time every probe in lockstep with the base architecture (random
+    weights), the reference, which the saved model records (``costmodel.measure``).
     """
     if not target.measurable:
         raise AutoCompressError(
@@ -293,13 +311,19 @@ def fit_cost_model(
 
     workloads = list(workloads or [PRESETS[name] for name in CPU_FIT_WORKLOADS])
     start = time.perf_counter()
-    space = SearchSpace.around(arch_spec_of(base_config))
+    base_spec = arch_spec_of(base_config)
+    space = SearchSpace.around(base_spec)
     specs = space.probe_specs(n_probes, seed=seed)
     dtype = torch.float32 if target.dtype == "fp32" else torch.bfloat16
-    rows = measure_probes(specs, base_config, workloads, repeats, warmup, seed, progress, dtype)
+    reference = timing_reference(base_spec, dtype) if paired else None
+    rows = measure_probes(specs, base_config, workloads, repeats, warmup, seed, progress, dtype,
+                          reference)
     model = fit_from_rows(target, rows, statistic)
     report = FitReport(
         statistic=statistic,
+        timing="paired" if paired else "absolute",
+        reference_spec=base_spec.to_dict() if paired else None,
+        reference_ms=reference_times(rows),
         created=now_iso(),
         seconds=time.perf_counter() - start,
         threads=torch.get_num_threads(),

@@ -22,6 +22,30 @@ measure the same thing the cost model predicts (see ``workload``):
 Timing runs of several models are **interleaved** (round-robin, in a shuffled
 order each round) so that a slow phase of a shared machine hits all candidates
 alike; statistics are medians with quartiles (``RobustStat``).
+
+**Paired timing** (``reference=``; the default on the CPU). On a shared CPU the
+absolute speed of one model jumps by 30-50 % from one second to the next
+(measured here: the default teacher's per-run median step moves between about
+10 and 16 ms; neighbours' use of the shared L3 and memory bus, invisible as
+steal time). Interleaving runs does not help when the phases are shorter than
+a run. So each run steps the model and a fixed *reference* model in lockstep:
+prefill one, prefill the other (three times, into fresh caches), then one
+decode step of each, alternately, with their own caches, the order flipped
+every round. Both see the same phase of the machine, and the ratio of their
+times is steady: over 16 runs its IQR was 2.5-4.5 % where the absolute time's
+was 10-70 %, and the median ratio of a model repeated 25 s apart agreed within
+1-2 %. A paired measurement reports
+
+    time = median over runs of (model time / reference time)
+           × the reference's 10th-percentile time, pooled over the whole grid,
+
+that is, the model's speed expressed through the reference's *uncontended*
+speed (its 10th percentile is also the steadiest absolute figure: ±7 % between
+25-second windows, against ±14 % for its median). The model's own absolute
+timings and the reference's are kept in ``Measurement.paired``. The reference
+is the teacher's architecture with random weights (speed does not depend on
+the values); the cost model records it so that ``verify`` and the search's
+measured check time against the same one.
 """
 
 from __future__ import annotations
@@ -41,6 +65,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
+from autocompress.arch import ArchSpec
 from autocompress.costmodel.workload import Workload
 from autocompress.hardware import RobustStat
 
@@ -48,6 +73,26 @@ GB = 1e9
 
 
 STATISTICS = ("median", "floor")
+# How many prefills each paired run times per model (one prefill is a single
+# sample, where a decode step's figure is a median over many steps).
+PAIRED_PREFILLS = 3
+
+
+class PairedTiming(BaseModel):
+    """What a paired measurement saw (see the module docstring)."""
+
+    ttft_ratio: RobustStat = Field(description="Over runs, of model / reference prefill.")
+    tpot_ratio: RobustStat = Field(description="Over runs, of median step / reference's.")
+    reference_ttft_ms: RobustStat = Field(description="Reference prefills, whole grid.")
+    reference_tpot_ms: RobustStat = Field(description="Reference decode steps, whole grid.")
+    absolute_ttft_ms: RobustStat = Field(description="The model's own prefill times.")
+    absolute_tpot_ms: RobustStat = Field(description="The model's own per-run median step.")
+    reference_params: int
+
+    def scale(self) -> dict[str, float]:
+        """The reference times (ms) the ratios are multiplied by."""
+        return {"ttft_ms": _floor(self.reference_ttft_ms),
+                "tpot_ms": _floor(self.reference_tpot_ms)}
 
 
 class Measurement(BaseModel):
@@ -70,6 +115,14 @@ class Measurement(BaseModel):
     warmup: int
     threads: int
     device: str
+    paired: PairedTiming | None = Field(
+        default=None, description="Set when timed against a reference (then ttft_ms and "
+        "tpot_ms are ratio × the reference's uncontended time)."
+    )
+
+    @property
+    def timing(self) -> str:
+        return "paired" if self.paired is not None else "absolute"
 
     @property
     def e2e_ms(self) -> float:
@@ -151,6 +204,52 @@ def generate_once(model: torch.nn.Module, input_ids: torch.Tensor, osl: int):
     return ttft, steps, cache
 
 
+class PairedRun(BaseModel):
+    """Seconds of one lockstep run of a model and the reference."""
+
+    prefills: list[float]
+    reference_prefills: list[float]
+    steps: list[float]
+    reference_steps: list[float]
+
+
+def generate_paired(model: torch.nn.Module, reference: torch.nn.Module, input_ids: torch.Tensor,
+                    reference_ids: torch.Tensor, osl: int, prefills: int = PAIRED_PREFILLS,
+                    reference_first: bool = False) -> PairedRun:
+    """Time ``model`` and ``reference`` in lockstep (prompts of the same shape).
+
+    ``prefills`` alternating prefills of each into fresh caches, then ``osl − 1``
+    greedy decode steps, one of each in turn, from the last prefill's caches.
+    ``reference_first`` flips the order inside every pair, so that neither model
+    always runs right after the other's cache-evicting step.
+    """
+    device = input_ids.device
+    nets = [reference, model] if reference_first else [model, reference]
+    prompts = [reference_ids, input_ids] if reference_first else [input_ids, reference_ids]
+    times: list[dict[str, list[float]]] = [{"prefill": [], "step": []} for _ in nets]
+    with torch.inference_mode():
+        for _ in range(prefills):
+            caches, tokens = [], []
+            for net, prompt, record in zip(nets, prompts, times, strict=True):
+                cache = DynamicCache(config=net.config)
+                _sync(device)
+                start = time.perf_counter()
+                _, token = _prefill(net, prompt, cache)
+                _sync(device)
+                record["prefill"].append(time.perf_counter() - start)
+                caches.append(cache)
+                tokens.append(token)
+        for _ in range(osl - 1):
+            for i, (net, record) in enumerate(zip(nets, times, strict=True)):
+                start = time.perf_counter()
+                _, tokens[i] = _decode(net, tokens[i], caches[i])
+                _sync(device)
+                record["step"].append(time.perf_counter() - start)
+    mine, theirs = (times[1], times[0]) if reference_first else (times[0], times[1])
+    return PairedRun(prefills=mine["prefill"], reference_prefills=theirs["prefill"],
+                     steps=mine["step"], reference_steps=theirs["step"])
+
+
 def prompt_ids(model: torch.nn.Module, workload: Workload, seed: int = 0) -> torch.Tensor:
     """Deterministic random prompt tokens of shape ``[batch, isl]`` on the model's device."""
     generator = torch.Generator().manual_seed(seed)
@@ -161,6 +260,15 @@ def prompt_ids(model: torch.nn.Module, workload: Workload, seed: int = 0) -> tor
 
 def _device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def timing_reference(spec: ArchSpec | dict, dtype: torch.dtype = torch.float32,
+                     device: torch.device | str = "cpu") -> torch.nn.Module:
+    """The reference model of paired timing: ``spec`` (complete) with random weights."""
+    from autocompress.modeling import build_model
+
+    spec = spec if isinstance(spec, ArchSpec) else ArchSpec.model_validate(spec)
+    return build_model(spec, None, seed=0, dtype=dtype).to(device)
 
 
 # ------------------------------------------------------------------ memory
@@ -278,6 +386,72 @@ def measure_memory(model: torch.nn.Module, workload: Workload, seed: int = 0):
 # ---------------------------------------------------------------- harness
 
 
+class _Samples:
+    """Timings (ms) of one (workload, model) pair over the recorded runs."""
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        self.steps: list[float] = []
+        self.ttft_ratio: list[float] = []
+        self.tpot_ratio: list[float] = []
+        self.step_ratio: list[float] = []
+
+    def add(self, run: PairedRun, paired: bool) -> None:
+        steps = [step * 1e3 for step in run.steps] or [0.0]
+        self.ttft.append(statistics.median(run.prefills) * 1e3)
+        self.tpot.append(statistics.median(steps))
+        self.steps += steps
+        if paired:
+            self.ttft_ratio.append(statistics.median(
+                a / b for a, b in zip(run.prefills, run.reference_prefills, strict=True)))
+            if run.steps:
+                self.tpot_ratio.append(
+                    statistics.median(run.steps) / statistics.median(run.reference_steps))
+                self.step_ratio += [a / b for a, b in zip(run.steps, run.reference_steps,
+                                                          strict=True)]
+            else:
+                self.tpot_ratio.append(0.0)
+                self.step_ratio.append(0.0)
+
+    def timing_fields(self, reference_prefills: list[float], reference_steps: list[float],
+                      reference_params: int | None) -> dict:
+        """``Measurement`` timing fields: absolute, or ratio × reference floor when paired."""
+        absolute = {
+            "ttft_ms": RobustStat.of(self.ttft, "ms"),
+            "tpot_ms": RobustStat.of(self.tpot, "ms"),
+            "tpot_steps_ms": RobustStat.of(self.steps, "ms"),
+        }
+        if reference_params is None:
+            return absolute
+        paired = PairedTiming(
+            ttft_ratio=RobustStat.of(self.ttft_ratio),
+            tpot_ratio=RobustStat.of(self.tpot_ratio),
+            reference_ttft_ms=RobustStat.of(reference_prefills, "ms"),
+            reference_tpot_ms=RobustStat.of(reference_steps or [0.0], "ms"),
+            absolute_ttft_ms=absolute["ttft_ms"],
+            absolute_tpot_ms=absolute["tpot_ms"],
+            reference_params=reference_params,
+        )
+        scale = paired.scale()
+        return {
+            "ttft_ms": paired.ttft_ratio.scaled(scale["ttft_ms"], "ms"),
+            "tpot_ms": paired.tpot_ratio.scaled(scale["tpot_ms"], "ms"),
+            "tpot_steps_ms": RobustStat.of(self.step_ratio).scaled(scale["tpot_ms"], "ms"),
+            "paired": paired,
+        }
+
+
+def _check_reference(reference: torch.nn.Module, models: Sequence[torch.nn.Module]) -> None:
+    vocab = int(reference.config.vocab_size)
+    for model in models:
+        if int(model.config.vocab_size) > vocab:
+            raise ValueError("the timing reference has a smaller vocabulary than a measured "
+                             "model; its prompts would not be valid for it")
+        if _device_of(model) != _device_of(reference):
+            raise ValueError("the timing reference and the models must be on one device")
+
+
 def measure_grid(
     models: Sequence[torch.nn.Module],
     workloads: Sequence[Workload],
@@ -287,20 +461,27 @@ def measure_grid(
     memory: bool = True,
     progress: bool = True,
     description: str = "measuring",
+    reference: torch.nn.Module | None = None,
 ) -> list[list[Measurement]]:
     """Measure every model on every workload: ``result[w][m]``.
 
     Each round runs every (model, workload) pair once, in a new shuffled order,
     so that a slow minute of a shared machine hits all pairs alike; the first
-    ``warmup`` rounds are not recorded. Memory is measured after the timing.
+    ``warmup`` rounds are not recorded. With a ``reference`` model every run is
+    paired with it in lockstep (module docstring). Memory is measured after the
+    timing, of each model alone.
     """
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
+    if reference is not None:
+        _check_reference(reference, models)
     pairs = [(w, m) for w in range(len(workloads)) for m in range(len(models))]
     ids = {(w, m): prompt_ids(models[m], workloads[w], seed) for w, m in pairs}
-    ttft: dict[tuple, list[float]] = {pair: [] for pair in pairs}
-    tpot: dict[tuple, list[float]] = {pair: [] for pair in pairs}
-    steps_all: dict[tuple, list[float]] = {pair: [] for pair in pairs}
+    samples = {pair: _Samples() for pair in pairs}
+    reference_prefills: dict[int, list[float]] = {w: [] for w in range(len(workloads))}
+    reference_steps: dict[int, list[float]] = {w: [] for w in range(len(workloads))}
+    reference_ids = {w: prompt_ids(reference, workloads[w], seed) for w in reference_prefills} \
+        if reference is not None else {}
     shuffler = random.Random(seed)
     rounds = warmup + repeats
     with Progress(transient=True, disable=not progress) as bar:
@@ -309,12 +490,21 @@ def measure_grid(
             order = list(pairs)
             shuffler.shuffle(order)
             for w, m in order:
-                first, steps, _ = generate_once(models[m], ids[w, m], workloads[w].osl)
+                osl = workloads[w].osl
+                if reference is None:
+                    first, steps, _ = generate_once(models[m], ids[w, m], osl)
+                    run = PairedRun(prefills=[first], reference_prefills=[], steps=steps,
+                                    reference_steps=[])
+                else:
+                    run = generate_paired(models[m], reference, ids[w, m], reference_ids[w],
+                                          osl, reference_first=round_index % 2 == 1)
                 if round_index >= warmup:
-                    ttft[w, m].append(first * 1e3)
-                    tpot[w, m].append(statistics.median(steps) * 1e3 if steps else 0.0)
-                    steps_all[w, m] += [step * 1e3 for step in steps] or [0.0]
+                    samples[w, m].add(run, paired=reference is not None)
+                    reference_prefills[w] += [t * 1e3 for t in run.reference_prefills]
+                    reference_steps[w] += [t * 1e3 for t in run.reference_steps]
                 bar.advance(task)
+    reference_params = None if reference is None else sum(
+        p.numel() for p in reference.parameters())
     results: list[list[Measurement]] = []
     for w, workload in enumerate(workloads):
         row = []
@@ -323,12 +513,12 @@ def measure_grid(
                 mem, method, detail = measure_memory(model, workload, seed)
             else:
                 mem, method, detail = float("nan"), "not measured", {}
+            timing = samples[w, m].timing_fields(reference_prefills[w], reference_steps[w],
+                                                 reference_params)
             row.append(
                 Measurement(
                     workload=workload,
-                    ttft_ms=RobustStat.of(ttft[w, m], "ms"),
-                    tpot_ms=RobustStat.of(tpot[w, m], "ms"),
-                    tpot_steps_ms=RobustStat.of(steps_all[w, m], "ms"),
+                    **timing,
                     memory_bytes=mem,
                     memory_method=method,
                     memory_detail=detail,
@@ -351,10 +541,11 @@ def measure_many(
     memory: bool = True,
     progress: bool = True,
     description: str = "measuring",
+    reference: torch.nn.Module | None = None,
 ) -> list[Measurement]:
     """Measure every model on one workload, interleaving repetitions (one per model)."""
     return measure_grid(models, [workload], repeats, warmup, seed, memory, progress,
-                        description)[0]
+                        description, reference)[0]
 
 
 def measure_model(
@@ -364,6 +555,8 @@ def measure_model(
     warmup: int = 1,
     seed: int = 0,
     memory: bool = True,
+    reference: torch.nn.Module | None = None,
 ) -> Measurement:
     """Measure one model (``measure_many`` with a single model)."""
-    return measure_many([model], workload, repeats, warmup, seed, memory, progress=False)[0]
+    return measure_many([model], workload, repeats, warmup, seed, memory, progress=False,
+                        reference=reference)[0]

@@ -112,12 +112,21 @@ class FitReport(BaseModel):
     seconds: float
     threads: int
     statistic: str = Field(default="median", description="Timing statistic fitted to.")
+    timing: str = Field(default="absolute", description="absolute, or paired: each run "
+                        "timed in lockstep with reference_spec (costmodel.measure).")
+    reference_spec: dict[str, Any] | None = Field(
+        default=None, description="The paired-timing reference (random weights).")
+    reference_ms: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="Per workload: the reference's uncontended "
+        "(10th-percentile) TTFT and TPOT while fitting, which paired times are scaled by.")
     n_probes: int
     n_rows: int
     workloads: list[str]
     train_mape: dict[str, float]
     median_spread: dict[str, float] = Field(description="Median relative IQR of the probes.")
 
+
+_PAIRED_FIT_FIELDS = ("timing", "reference_spec", "reference_ms")
 
 Timing = Annotated[LinearLaw | RooflineLaw, Field(discriminator="kind")]
 
@@ -163,7 +172,14 @@ class CostModel(BaseModel):
 
     # ---------------------------------------------------------------- I/O
     def content_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        data = self.model_dump(mode="json")
+        fit = data.get("fit")
+        if fit and fit.get("timing") == "absolute":
+            # Fields added with paired timing; left out at their defaults so that
+            # models saved before it keep their content hash.
+            for key in _PAIRED_FIT_FIELDS:
+                fit.pop(key, None)
+        return data
 
     @property
     def sha256(self) -> str:

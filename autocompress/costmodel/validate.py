@@ -26,11 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from pydantic import BaseModel, Field
 from scipy.stats import kendalltau
 
 from autocompress.arch import ArchSpec
-from autocompress.costmodel.measure import STATISTICS, Measurement, measure_grid
+from autocompress.costmodel.measure import (
+    STATISTICS,
+    Measurement,
+    measure_grid,
+    timing_reference,
+)
 from autocompress.costmodel.model import CostModel
 from autocompress.costmodel.space import SearchSpace
 from autocompress.costmodel.workload import Workload
@@ -46,6 +52,9 @@ class ValidationSample(BaseModel):
     measured_by_statistic: dict[str, dict[str, float]]
     predicted: dict[str, float]
     spread: dict[str, float]
+    absolute_spread: dict[str, float] = Field(
+        default_factory=dict, description="Paired timing: the spread of the model's own "
+        "absolute times, which pairing removes.")
 
 
 class ValidationReport(BaseModel):
@@ -56,6 +65,13 @@ class ValidationReport(BaseModel):
     cost_model: str
     workloads: list[str]
     statistic: str
+    timing: str = "absolute"
+    reference_ms: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="Paired timing, per workload: the reference's "
+        "times the ratios were scaled by in this session.")
+    reference_drift: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="Per workload: this session's reference times "
+        "relative to the fit's, minus 1 (how much the machine moved between the two).")
     repeats: int
     warmup: int
     seconds: float
@@ -112,19 +128,31 @@ def validate_cost_model(
 
     All (architecture, workload) pairs are interleaved in every round. Scores use
     ``statistic`` (median, or floor on a busy machine); ``by_statistic`` has both.
+    Timing is paired with the model's reference when it was fitted paired, and with
+    the base architecture when it has no fit (the analytic model).
     """
     from autocompress.modeling import arch_spec_of, build_model
 
     if statistic not in STATISTICS:  # fail before minutes of measuring
         raise ValueError(f"statistic must be one of {STATISTICS}")
     start = time.perf_counter()
-    reference = arch_spec_of(base_config)
-    specs = sample_specs(reference, n, seed)
+    base = arch_spec_of(base_config)
+    specs = sample_specs(base, n, seed)
     models = [build_model(spec, base_config, seed=seed + i) for i, spec in enumerate(specs)]
     grid = measure_grid(models, workloads, repeats=repeats, warmup=warmup, seed=seed,
-                        progress=progress, description="validating")
+                        progress=progress, description="validating",
+                        reference=validation_reference(model, base))
     return score_measurements(model, specs, workloads, grid, statistic,
                               seconds=time.perf_counter() - start)
+
+
+def validation_reference(model: CostModel, base: ArchSpec) -> torch.nn.Module | None:
+    """The paired-timing reference to validate ``model`` with (None: absolute timing)."""
+    fit = model.fit
+    if fit is not None and fit.timing != "paired":
+        return None
+    spec = fit.reference_spec if fit is not None and fit.reference_spec else base
+    return timing_reference(spec)
 
 
 def score_measurements(
@@ -155,18 +183,28 @@ def score_measurements(
                     predicted=prediction.metrics(),
                     spread={"ttft_ms": result.ttft_ms.spread, "tpot_ms": result.tpot_ms.spread,
                             "memory_gb": 0.0},
+                    absolute_spread=_absolute_spread(result),
                 )
             )
         per_workload[workload.name] = score(these)
         samples += these
     pooled = score(samples)
     first = grid[0][0]
+    reference_ms = {w.name: row[0].paired.scale() for w, row in zip(workloads, grid, strict=True)
+                    if row[0].paired is not None}
+    fitted_ms = model.fit.reference_ms if model.fit is not None else {}
     return ValidationReport(
         n=len(specs),
         target=model.target.name,
         cost_model=model.version,
         workloads=[w.name for w in workloads],
         statistic=statistic,
+        timing=first.timing,
+        reference_ms=reference_ms,
+        reference_drift={
+            name: {k: now[k] / fitted_ms[name][k] - 1 for k in now if fitted_ms[name].get(k)}
+            for name, now in reference_ms.items() if name in fitted_ms
+        },
         repeats=first.repeats,
         warmup=first.warmup,
         seconds=seconds,
@@ -177,6 +215,13 @@ def score_measurements(
         by_statistic={name: score(samples, name) for name in STATISTICS},
         samples=samples,
     )
+
+
+def _absolute_spread(result: Measurement) -> dict[str, float]:
+    if result.paired is None:
+        return {}
+    return {"ttft_ms": result.paired.absolute_ttft_ms.spread,
+            "tpot_ms": result.paired.absolute_tpot_ms.spread}
 
 
 def plot_validation(report: ValidationReport, path: str | Path) -> Path:
