@@ -163,8 +163,9 @@ def measure_as_fitted(model: torch.nn.Module, workload, cost_model, repeats: int
                       memory: bool = True):
     """Measure ``model`` as ``cost_model`` was fitted: with its thread count (unless
     ``threads`` is given), its timing statistic, and paired with its timing reference
-    when it was fitted that way, so measured and predicted compare like with like.
-    Returns (Measurement, statistic name)."""
+    when it was fitted that way (ratios then scaled by the reference times of the fit
+    where it has them for this workload's shape), so measured and predicted compare
+    like with like. Returns (Measurement, statistic name)."""
     from autocompress.costmodel.measure import measure_model, timing_reference
 
     fit = cost_model.fit
@@ -182,6 +183,9 @@ def measure_as_fitted(model: torch.nn.Module, workload, cost_model, repeats: int
                                     memory=memory, reference=reference)
     finally:
         torch.set_num_threads(previous)
+    scale = fit.reference_scale(workload) if reference is not None else None
+    if scale is not None:  # the fit's pooled floor, steadier than this short session's
+        measurement = measurement.with_scale(scale, source="fit")
     return measurement, (fit.statistic if fit is not None else "median")
 
 

@@ -143,6 +143,10 @@ def main() -> None:
                     for m in ("ttft_ms", "tpot_ms")}
         print(f"spread of the same runs' absolute times: TTFT {absolute['ttft_ms'] * 100:.1f} %, "
               f"TPOT {absolute['tpot_ms'] * 100:.1f} % (pairing removes it)")
+        if report.at_fit_scale:
+            print("scaled by the fit's reference times instead (as verify does): " + ", ".join(
+                f"{m} MAPE {report.at_fit_scale['mape'][m]:.2f} τ "
+                f"{report.at_fit_scale['kendall_tau'][m]:.3f}" for m in GOALS))
         for name, drift in report.reference_drift.items():
             print(f"reference {name}: validation vs fit session "
                   + ", ".join(f"{k} {v * 100:+.1f} %" for k, v in drift.items()))

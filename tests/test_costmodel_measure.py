@@ -217,11 +217,25 @@ def test_fit_records_its_reference_and_verify_times_against_it(llama, tmp_path):
                                        memory=False)
     assert measurement.timing == "paired"
     assert measurement.paired.reference_params == ArchSpec.from_hf_config(TINY).num_params()
+    # Scaled by the fit's pooled reference times, not this short session's.
+    fitted = loaded.fit.reference_ms["tiny"]
+    assert measurement.paired.scale_source == "fit"
+    assert measurement.tpot_ms.median == pytest.approx(
+        measurement.paired.tpot_ratio.median * fitted["tpot_ms"])
+    assert measurement.ttft_ms.median == pytest.approx(
+        measurement.paired.ttft_ratio.median * fitted["ttft_ms"])
+    # A workload of another shape has no fitted scale: this session's floor is used.
+    other, _ = measure_as_fitted(llama, workload.with_overrides(isl=8), loaded, repeats=1,
+                                 warmup=0, memory=False)
+    assert other.paired.scale_source == "session"
+    assert other.tpot_ms.median == pytest.approx(
+        other.paired.tpot_ratio.median * other.paired.reference_tpot_ms.p10)
 
     report = validate_cost_model(loaded, TINY, [workload], n=3, repeats=1, warmup=0,
                                  progress=False)
     assert report.timing == "paired" and set(report.reference_drift) == {"tiny"}
     assert report.samples[0].absolute_spread.keys() == {"ttft_ms", "tpot_ms"}
+    assert set(report.at_fit_scale["mape"]) == {"ttft", "tpot", "memory"}
 
     # A model fitted before paired timing existed: its file has none of the new keys
     # (and so its old content hash still holds); it measures alone.

@@ -34,7 +34,10 @@ def demo(
         no_register=False, store=None, experiment="autocompress-demo", no_track=False,
         refresh_cache=False,
         # Fit the cost model on the demo's workload only (a third of the probing).
-        options=json.dumps({"costmodel": {"workloads": [workload]}}))
+        # Paired timing spreads by a few per cent, so 2 repetitions suffice to fit and
+        # gate, and 5 to verify (the defaults suit a full run).
+        options=json.dumps({"costmodel": {"workloads": [workload], "repeats": 2},
+                            "validation": {"repeats": 2}, "verify": {"repeats": 5}}))
 
 
 def register(app: typer.Typer) -> None:

@@ -274,9 +274,13 @@ def training_mape(
 
 
 def reference_times(rows: Sequence[ProbeRow]) -> dict[str, dict[str, float]]:
-    """Per workload, the paired-timing reference's times (ms) in this measurement
-    session ({} when timing was absolute): later sessions compare theirs to see drift."""
-    return {row.workload.name: row.paired.scale() for row in rows if row.paired is not None}
+    """Per workload, the paired-timing reference's times (ms) over the fit, with the
+    workload's shape ({} when timing was absolute): ``verify`` scales ratios by them."""
+    return {
+        row.workload.name: {**row.paired.scale_ms, "batch": row.workload.batch,
+                            "isl": row.workload.isl, "osl": row.workload.osl}
+        for row in rows if row.paired is not None
+    }
 
 
 def _ape(predicted: float, measured: float) -> float:

@@ -41,8 +41,13 @@ was 10-70 %, and the median ratio of a model repeated 25 s apart agreed within
 
 that is, the model's speed expressed through the reference's *uncontended*
 speed (its 10th percentile is also the steadiest absolute figure: ±7 % between
-25-second windows, against ±14 % for its median). The model's own absolute
-timings and the reference's are kept in ``Measurement.paired``. The reference
+25-second windows, against ±14 % for its median). Pooled over a fit's or a
+validation's hundreds of runs that floor is steady; over the dozen runs of one
+model it is not (9.6-12.4 ms in three back-to-back sessions, while the model's
+ratio stayed within ±2 %), so ``verify`` and the search's measured check scale
+by the floor the cost model was fitted with (``Measurement.with_scale``). The
+model's own absolute timings and the reference's are kept in
+``Measurement.paired``. The reference
 is the teacher's architecture with random weights (speed does not depend on
 the values); the cost model records it so that ``verify`` and the search's
 measured check time against the same one.
@@ -88,9 +93,14 @@ class PairedTiming(BaseModel):
     absolute_ttft_ms: RobustStat = Field(description="The model's own prefill times.")
     absolute_tpot_ms: RobustStat = Field(description="The model's own per-run median step.")
     reference_params: int
+    scale_ms: dict[str, float] = Field(
+        default_factory=dict, description="The reference times the ratios are multiplied by.")
+    scale_source: str = Field(
+        default="session", description="session: the reference's floor in these runs; "
+        "fit: the cost model's calibration (``Measurement.with_scale``).")
 
-    def scale(self) -> dict[str, float]:
-        """The reference times (ms) the ratios are multiplied by."""
+    def session_scale(self) -> dict[str, float]:
+        """The reference's uncontended (10th-percentile) times in these runs, ms."""
         return {"ttft_ms": _floor(self.reference_ttft_ms),
                 "tpot_ms": _floor(self.reference_tpot_ms)}
 
@@ -123,6 +133,26 @@ class Measurement(BaseModel):
     @property
     def timing(self) -> str:
         return "paired" if self.paired is not None else "absolute"
+
+    def with_scale(self, scale_ms: dict[str, float], source: str = "fit") -> Measurement:
+        """A paired measurement expressed through other reference times (ms).
+
+        A short session's reference floor moves by ±10 % with the machine's load
+        (a dozen runs of one model); the ratios do not. ``verify`` and the search's
+        measured check therefore scale by the reference times the cost model was
+        fitted with, pooled over every probe.
+        """
+        if self.paired is None:
+            raise ValueError("only a paired measurement can be rescaled")
+        ttft = scale_ms["ttft_ms"] / self.paired.scale_ms["ttft_ms"]
+        tpot = scale_ms["tpot_ms"] / self.paired.scale_ms["tpot_ms"]
+        return self.model_copy(update={
+            "ttft_ms": self.ttft_ms.scaled(ttft),
+            "tpot_ms": self.tpot_ms.scaled(tpot),
+            "tpot_steps_ms": self.tpot_steps_ms.scaled(tpot) if self.tpot_steps_ms else None,
+            "paired": self.paired.model_copy(update={"scale_ms": dict(scale_ms),
+                                                     "scale_source": source}),
+        })
 
     @property
     def e2e_ms(self) -> float:
@@ -433,7 +463,7 @@ class _Samples:
             absolute_tpot_ms=absolute["tpot_ms"],
             reference_params=reference_params,
         )
-        scale = paired.scale()
+        paired.scale_ms = scale = paired.session_scale()
         return {
             "ttft_ms": paired.ttft_ratio.scaled(scale["ttft_ms"], "ms"),
             "tpot_ms": paired.tpot_ratio.scaled(scale["tpot_ms"], "ms"),

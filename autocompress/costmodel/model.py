@@ -118,7 +118,16 @@ class FitReport(BaseModel):
         default=None, description="The paired-timing reference (random weights).")
     reference_ms: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="Per workload: the reference's uncontended "
-        "(10th-percentile) TTFT and TPOT while fitting, which paired times are scaled by.")
+        "(10th-percentile) ttft_ms and tpot_ms over the fit, which verify scales paired "
+        "ratios by, and the workload's batch, isl and osl.")
+
+    def reference_scale(self, workload: Workload) -> dict[str, float] | None:
+        """The fitted reference times for a workload of ``workload``'s shape, if any."""
+        for entry in self.reference_ms.values():
+            if (entry.get("batch"), entry.get("isl"), entry.get("osl")) == (
+                    workload.batch, workload.isl, workload.osl):
+                return {"ttft_ms": entry["ttft_ms"], "tpot_ms": entry["tpot_ms"]}
+        return None
     n_probes: int
     n_rows: int
     workloads: list[str]

@@ -55,6 +55,9 @@ class ValidationSample(BaseModel):
     absolute_spread: dict[str, float] = Field(
         default_factory=dict, description="Paired timing: the spread of the model's own "
         "absolute times, which pairing removes.")
+    measured_at_fit_scale: dict[str, float] | None = Field(
+        default=None, description="Paired timing: the ratios scaled by the fit's reference "
+        "times instead of this session's (what verify reports).")
 
 
 class ValidationReport(BaseModel):
@@ -72,6 +75,9 @@ class ValidationReport(BaseModel):
     reference_drift: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="Per workload: this session's reference times "
         "relative to the fit's, minus 1 (how much the machine moved between the two).")
+    at_fit_scale: dict[str, dict[str, float]] | None = Field(
+        default=None, description="Pooled scores against measured_at_fit_scale: the "
+        "error of the relative costs alone, without the session-to-session drift.")
     repeats: int
     warmup: int
     seconds: float
@@ -184,13 +190,15 @@ def score_measurements(
                     spread={"ttft_ms": result.ttft_ms.spread, "tpot_ms": result.tpot_ms.spread,
                             "memory_gb": 0.0},
                     absolute_spread=_absolute_spread(result),
+                    measured_at_fit_scale=_at_fit_scale(model, result, statistic),
                 )
             )
         per_workload[workload.name] = score(these)
         samples += these
     pooled = score(samples)
     first = grid[0][0]
-    reference_ms = {w.name: row[0].paired.scale() for w, row in zip(workloads, grid, strict=True)
+    reference_ms = {w.name: row[0].paired.scale_ms for w, row in zip(workloads, grid,
+                                                                     strict=True)
                     if row[0].paired is not None}
     fitted_ms = model.fit.reference_ms if model.fit is not None else {}
     return ValidationReport(
@@ -202,7 +210,8 @@ def score_measurements(
         timing=first.timing,
         reference_ms=reference_ms,
         reference_drift={
-            name: {k: now[k] / fitted_ms[name][k] - 1 for k in now if fitted_ms[name].get(k)}
+            name: {k: v / fitted_ms[name][k] - 1 for k, v in now.items()
+                   if fitted_ms[name].get(k)}
             for name, now in reference_ms.items() if name in fitted_ms
         },
         repeats=first.repeats,
@@ -213,8 +222,22 @@ def score_measurements(
         spread=pooled["spread"],
         per_workload=per_workload,
         by_statistic={name: score(samples, name) for name in STATISTICS},
+        at_fit_scale=_score_at_fit_scale(samples),
         samples=samples,
     )
+
+
+def _at_fit_scale(model: CostModel, result: Measurement, statistic: str):
+    scale = model.fit.reference_scale(result.workload) if model.fit is not None else None
+    if result.paired is None or scale is None:
+        return None
+    return result.with_scale(scale).metrics(statistic)
+
+
+def _score_at_fit_scale(samples: list[ValidationSample]) -> dict | None:
+    if not samples or any(s.measured_at_fit_scale is None for s in samples):
+        return None
+    return score([s.model_copy(update={"measured": s.measured_at_fit_scale}) for s in samples])
 
 
 def _absolute_spread(result: Measurement) -> dict[str, float]:

@@ -10,10 +10,12 @@ timing misses its budget, that budget is scaled by the model's error on *this*
 architecture (predicted / measured, less a small margin) and the architecture is
 picked again. The check is the strict side of a guard band: a pick passes only if
 its measurement *plus* the measurement's noise is within budget, while ``verify``
-fails a model only if it is over *beyond* the noise. On a host whose run-to-run
-spread is 10-20 %, a pick that merely measured under budget once fails verify
-about as often as not. The Minitron baseline goes through the same loop, so the two stay
-matched. Targets this machine cannot time (GPU spec sheets) skip the loop.
+fails a model only if it is over *beyond* the noise; a pick that merely measured
+under budget once would fail verify about as often as not. Timing is paired with
+the cost model's reference (``costmodel.measure``), which keeps the noise at a
+few per cent on this shared CPU where a model timed alone spreads by 10-20 %.
+The Minitron baseline goes through the same loop, so the two stay matched.
+Targets this machine cannot time (GPU spec sheets) skip the loop.
 """
 
 from __future__ import annotations
