@@ -18,7 +18,7 @@ interrupted search or distillation. The summary goes to ``results/compare.json``
 (atomically, after every finished method, so a partial run is still readable)
 and a rich table is printed. ``autocompress bench compare`` runs this module.
 
-    .venv/bin/python bench/compare.py                 # the README's run (~35 min)
+    .venv/bin/python bench/compare.py                 # the README's run (~40 min)
     .venv/bin/python bench/compare.py --presets interactive-cpu --budgets 0.4 \
         --distill-tokens 50000 --eval-limit 100 --search-steps 80   # a quick look
 """
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets", nargs="+", type=float, default=[0.6, 0.4],
                    help="Fractions of the teacher's predicted main-metric cost.")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    # Defaults = the run behind the README table (about 35 minutes on 2 cores).
+    # Defaults = the run behind the README table (about 40 minutes on 2 cores).
     p.add_argument("--distill-tokens", type=int, default=100_000)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-limit", type=int, default=0,
