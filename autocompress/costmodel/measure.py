@@ -425,7 +425,6 @@ class _Samples:
         self.steps: list[float] = []
         self.ttft_ratio: list[float] = []
         self.tpot_ratio: list[float] = []
-        self.step_ratio: list[float] = []
 
     def add(self, run: PairedRun, paired: bool) -> None:
         steps = [step * 1e3 for step in run.steps] or [0.0]
@@ -435,14 +434,9 @@ class _Samples:
         if paired:
             self.ttft_ratio.append(statistics.median(
                 a / b for a, b in zip(run.prefills, run.reference_prefills, strict=True)))
-            if run.steps:
-                self.tpot_ratio.append(
-                    statistics.median(run.steps) / statistics.median(run.reference_steps))
-                self.step_ratio += [a / b for a, b in zip(run.steps, run.reference_steps,
-                                                          strict=True)]
-            else:
-                self.tpot_ratio.append(0.0)
-                self.step_ratio.append(0.0)
+            self.tpot_ratio.append(
+                statistics.median(run.steps) / statistics.median(run.reference_steps)
+                if run.steps else 0.0)
 
     def timing_fields(self, reference_prefills: list[float], reference_steps: list[float],
                       reference_params: int | None) -> dict:
@@ -467,7 +461,9 @@ class _Samples:
         return {
             "ttft_ms": paired.ttft_ratio.scaled(scale["ttft_ms"], "ms"),
             "tpot_ms": paired.tpot_ratio.scaled(scale["tpot_ms"], "ms"),
-            "tpot_steps_ms": RobustStat.of(self.step_ratio).scaled(scale["tpot_ms"], "ms"),
+            # No per-step figure: a ratio of two single steps is noise, so the floor
+            # statistic of a paired measurement is the 10th percentile of run ratios.
+            "tpot_steps_ms": None,
             "paired": paired,
         }
 
