@@ -43,14 +43,8 @@ TAU_GOAL = 0.9
 
 def joint_fit_and_validate(target, base, workloads, args):
     """Probes and validation architectures measured together, fitted on the probes only."""
-    from autocompress.costmodel.fit import (
-        fit_from_rows,
-        reference_times,
-        rows_from_grid,
-        training_mape,
-    )
+    from autocompress.costmodel.fit import fit_from_rows, fit_report, rows_from_grid
     from autocompress.costmodel.measure import measure_grid, timing_reference
-    from autocompress.costmodel.model import FitReport, now_iso
     from autocompress.costmodel.space import SearchSpace
     from autocompress.costmodel.validate import sample_specs, score_measurements
     from autocompress.modeling import arch_spec_of, build_model
@@ -65,14 +59,10 @@ def joint_fit_and_validate(target, base, workloads, args):
                         description="probes + validation", reference=reference)
     rows = rows_from_grid(probes, workloads, [row[: len(probes)] for row in grid])
     model = fit_from_rows(target, rows, args.statistic)
-    model = model.model_copy(update={"fit": FitReport(
-        created=now_iso(), seconds=time.perf_counter() - start,
-        threads=torch.get_num_threads(), statistic=args.statistic,
-        timing="absolute" if args.absolute else "paired",
-        reference_spec=None if args.absolute else base_spec.to_dict(),
-        reference_ms=reference_times(rows), n_probes=len(probes), n_rows=len(rows),
-        workloads=[w.name for w in workloads], median_spread={},
-        train_mape=training_mape(model, rows, args.statistic))})
+    model = model.model_copy(update={"fit": fit_report(
+        model, rows, args.statistic, n_probes=len(probes), workloads=workloads,
+        seconds=time.perf_counter() - start,
+        reference_spec=None if args.absolute else base_spec)})
     seconds = time.perf_counter() - start
     report = score_measurements(model, held_out, workloads,
                                 [row[len(probes):] for row in grid], args.statistic, seconds)

@@ -323,15 +323,26 @@ def fit_cost_model(
     rows = measure_probes(specs, base_config, workloads, repeats, warmup, seed, progress, dtype,
                           reference)
     model = fit_from_rows(target, rows, statistic)
-    report = FitReport(
+    report = fit_report(model, rows, statistic, n_probes=len(specs), workloads=workloads,
+                        seconds=time.perf_counter() - start,
+                        reference_spec=base_spec if paired else None)
+    return model.model_copy(update={"fit": report}), rows
+
+
+def fit_report(model: CostModel, rows: Sequence[ProbeRow], statistic: str, n_probes: int,
+               workloads: Sequence[Workload], seconds: float,
+               reference_spec: ArchSpec | None) -> FitReport:
+    """How ``model`` was fitted to ``rows``: ``reference_spec`` is the paired-timing
+    reference they were measured with (None: absolute timing)."""
+    return FitReport(
         statistic=statistic,
-        timing="paired" if paired else "absolute",
-        reference_spec=base_spec.to_dict() if paired else None,
+        timing="absolute" if reference_spec is None else "paired",
+        reference_spec=None if reference_spec is None else reference_spec.to_dict(),
         reference_ms=reference_times(rows),
         created=now_iso(),
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
         threads=torch.get_num_threads(),
-        n_probes=len(specs),
+        n_probes=n_probes,
         n_rows=len(rows),
         workloads=[w.name for w in workloads],
         train_mape=training_mape(model, rows, statistic),
@@ -340,4 +351,3 @@ def fit_cost_model(
             "tpot_ms": float(np.median([r.tpot_ms.spread for r in rows])),
         },
     )
-    return model.model_copy(update={"fit": report}), rows

@@ -62,6 +62,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
@@ -234,8 +235,8 @@ def generate_once(model: torch.nn.Module, input_ids: torch.Tensor, osl: int):
     return ttft, steps, cache
 
 
-class PairedRun(BaseModel):
-    """Seconds of one lockstep run of a model and the reference."""
+class RunTimes(BaseModel):
+    """Seconds of one run of a model (and of the reference, when paired; else empty)."""
 
     prefills: list[float]
     reference_prefills: list[float]
@@ -245,7 +246,7 @@ class PairedRun(BaseModel):
 
 def generate_paired(model: torch.nn.Module, reference: torch.nn.Module, input_ids: torch.Tensor,
                     reference_ids: torch.Tensor, osl: int, prefills: int = PAIRED_PREFILLS,
-                    reference_first: bool = False) -> PairedRun:
+                    reference_first: bool = False) -> RunTimes:
     """Time ``model`` and ``reference`` in lockstep (prompts of the same shape).
 
     ``prefills`` alternating prefills of each into fresh caches, then ``osl − 1``
@@ -276,7 +277,7 @@ def generate_paired(model: torch.nn.Module, reference: torch.nn.Module, input_id
                 _sync(device)
                 record["step"].append(time.perf_counter() - start)
     mine, theirs = (times[1], times[0]) if reference_first else (times[0], times[1])
-    return PairedRun(prefills=mine["prefill"], reference_prefills=theirs["prefill"],
+    return RunTimes(prefills=mine["prefill"], reference_prefills=theirs["prefill"],
                      steps=mine["step"], reference_steps=theirs["step"])
 
 
@@ -426,36 +427,37 @@ class _Samples:
         self.ttft_ratio: list[float] = []
         self.tpot_ratio: list[float] = []
 
-    def add(self, run: PairedRun, paired: bool) -> None:
+    def add(self, run: RunTimes) -> None:
         steps = [step * 1e3 for step in run.steps] or [0.0]
         self.ttft.append(statistics.median(run.prefills) * 1e3)
         self.tpot.append(statistics.median(steps))
         self.steps += steps
-        if paired:
+        if run.reference_prefills:
             self.ttft_ratio.append(statistics.median(
                 a / b for a, b in zip(run.prefills, run.reference_prefills, strict=True)))
             self.tpot_ratio.append(
                 statistics.median(run.steps) / statistics.median(run.reference_steps)
                 if run.steps else 0.0)
 
-    def timing_fields(self, reference_prefills: list[float], reference_steps: list[float],
-                      reference_params: int | None) -> dict:
-        """``Measurement`` timing fields: absolute, or ratio × reference floor when paired."""
+    def timing_fields(self, reference: dict[str, Any] | None) -> dict:
+        """``Measurement`` timing fields: absolute, or ratio × reference floor when paired.
+
+        ``reference``: the reference's pooled ``reference_ttft_ms``, ``reference_tpot_ms``
+        and ``reference_params`` (None when the runs were not paired).
+        """
         absolute = {
             "ttft_ms": RobustStat.of(self.ttft, "ms"),
             "tpot_ms": RobustStat.of(self.tpot, "ms"),
             "tpot_steps_ms": RobustStat.of(self.steps, "ms"),
         }
-        if reference_params is None:
+        if reference is None:
             return absolute
         paired = PairedTiming(
             ttft_ratio=RobustStat.of(self.ttft_ratio),
             tpot_ratio=RobustStat.of(self.tpot_ratio),
-            reference_ttft_ms=RobustStat.of(reference_prefills, "ms"),
-            reference_tpot_ms=RobustStat.of(reference_steps or [0.0], "ms"),
+            **reference,
             absolute_ttft_ms=absolute["ttft_ms"],
             absolute_tpot_ms=absolute["tpot_ms"],
-            reference_params=reference_params,
         )
         paired.scale_ms = scale = paired.session_scale()
         return {
@@ -519,28 +521,30 @@ def measure_grid(
                 osl = workloads[w].osl
                 if reference is None:
                     first, steps, _ = generate_once(models[m], ids[w, m], osl)
-                    run = PairedRun(prefills=[first], reference_prefills=[], steps=steps,
+                    run = RunTimes(prefills=[first], reference_prefills=[], steps=steps,
                                     reference_steps=[])
                 else:
                     run = generate_paired(models[m], reference, ids[w, m], reference_ids[w],
                                           osl, reference_first=round_index % 2 == 1)
                 if round_index >= warmup:
-                    samples[w, m].add(run, paired=reference is not None)
+                    samples[w, m].add(run)
                     reference_prefills[w] += [t * 1e3 for t in run.reference_prefills]
                     reference_steps[w] += [t * 1e3 for t in run.reference_steps]
                 bar.advance(task)
-    reference_params = None if reference is None else sum(
-        p.numel() for p in reference.parameters())
     results: list[list[Measurement]] = []
     for w, workload in enumerate(workloads):
+        pooled = None if reference is None else {  # one reference, pooled over the workload
+            "reference_ttft_ms": RobustStat.of(reference_prefills[w], "ms"),
+            "reference_tpot_ms": RobustStat.of(reference_steps[w] or [0.0], "ms"),
+            "reference_params": sum(p.numel() for p in reference.parameters()),
+        }
         row = []
         for m, model in enumerate(models):
             if memory:
                 mem, method, detail = measure_memory(model, workload, seed)
             else:
                 mem, method, detail = float("nan"), "not measured", {}
-            timing = samples[w, m].timing_fields(reference_prefills[w], reference_steps[w],
-                                                 reference_params)
+            timing = samples[w, m].timing_fields(pooled)
             row.append(
                 Measurement(
                     workload=workload,

@@ -120,6 +120,11 @@ class FitReport(BaseModel):
         default_factory=dict, description="Per workload: the reference's uncontended "
         "(10th-percentile) ttft_ms and tpot_ms over the fit, which verify scales paired "
         "ratios by, and the workload's batch, isl and osl.")
+    n_probes: int
+    n_rows: int
+    workloads: list[str]
+    train_mape: dict[str, float]
+    median_spread: dict[str, float] = Field(description="Median relative IQR of the probes.")
 
     def reference_scale(self, workload: Workload) -> dict[str, float] | None:
         """The fitted reference times for a workload of ``workload``'s shape, if any."""
@@ -128,11 +133,6 @@ class FitReport(BaseModel):
                     workload.batch, workload.isl, workload.osl):
                 return {"ttft_ms": entry["ttft_ms"], "tpot_ms": entry["tpot_ms"]}
         return None
-    n_probes: int
-    n_rows: int
-    workloads: list[str]
-    train_mape: dict[str, float]
-    median_spread: dict[str, float] = Field(description="Median relative IQR of the probes.")
 
 
 _PAIRED_FIT_FIELDS = ("timing", "reference_spec", "reference_ms")
