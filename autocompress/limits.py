@@ -108,12 +108,6 @@ class Limits(BaseModel):
             )
         return checks
 
-    def satisfied_by(
-        self, values: Mapping[str, float], tolerance: Mapping[str, float] | None = None
-    ) -> bool:
-        """True when every set limit holds for ``values``."""
-        return all(c.ok for c in self.check(values, tolerance))
-
     def describe(self) -> str:
         """Short human text, e.g. ``tpot_ms <= 20, memory_gb <= 8``."""
         if self.is_empty():

@@ -219,9 +219,6 @@ class Tracker:
             self.log_metrics(run_id, {name: ref.metrics})
         self.log_json(run_id, f"{name}.json", ref.model_dump(mode="json"), "refs")
 
-    def run_artifact_uri(self, run_id: str) -> str:
-        return self.client.get_run(run_id).info.artifact_uri
-
     # -- registry ------------------------------------------------------------
     def register_model(self, name: str, model: ArtifactRef, lineage: Lineage,
                        run_id: str | None = None, description: str | None = None) -> int:

@@ -126,6 +126,7 @@ def verify(
     setting), so measurement and prediction describe the same machine state.
     ``cost_model`` defaults to ``CostModel.for_target(target)``.
     """
+    from autocompress.costmodel.measure import measure_as_fitted
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.workload import get_workload
@@ -156,37 +157,6 @@ def verify(
         prediction_note=note, cost_model=cost_model.version,
         measurement=_measurement_detail(measurement, statistic),
     )
-
-
-def measure_as_fitted(model: torch.nn.Module, workload, cost_model, repeats: int = 5,
-                      warmup: int = 1, seed: int = 0, threads: int | None = None,
-                      memory: bool = True):
-    """Measure ``model`` as ``cost_model`` was fitted: with its thread count (unless
-    ``threads`` is given), its timing statistic, and paired with its timing reference
-    when it was fitted that way (ratios then scaled by the reference times of the fit
-    where it has them for this workload's shape), so measured and predicted compare
-    like with like. Returns (Measurement, statistic name)."""
-    from autocompress.costmodel.measure import measure_model, timing_reference
-
-    fit = cost_model.fit
-    if threads is None and fit is not None:
-        threads = fit.threads
-    reference = None
-    if fit is not None and fit.timing == "paired" and fit.reference_spec:
-        parameter = next(model.parameters())
-        reference = timing_reference(fit.reference_spec, parameter.dtype, parameter.device)
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        measurement = measure_model(model, workload, repeats=repeats, warmup=warmup, seed=seed,
-                                    memory=memory, reference=reference)
-    finally:
-        torch.set_num_threads(previous)
-    scale = fit.reference_scale(workload) if reference is not None else None
-    if scale is not None:  # the fit's pooled floor, steadier than this short session's
-        measurement = measurement.with_scale(scale, source="fit")
-    return measurement, (fit.statistic if fit is not None else "median")
 
 
 def _predict(cost_model, spec, workload) -> tuple[dict[str, float] | None, str | None]:

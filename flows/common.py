@@ -9,7 +9,6 @@ from the cache, and logs each step's artifact reference on the flow's MLflow run
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,14 +28,12 @@ class Step:
 
     Keyword arguments map the stage's parameter names to names in the flow's
     ``values`` (flow parameters and earlier steps' outputs); the step's output
-    is stored under ``name``. ``when`` names a value that must be truthy for the
-    step to run (e.g. ``when="baseline"``).
+    is stored under ``name``.
     """
 
-    def __init__(self, name: str, stage: Stage, /, when: str | None = None, **inputs: str):
+    def __init__(self, name: str, stage: Stage, /, **inputs: str):
         self.name = name
         self.stage = stage
-        self.when = when
         self.inputs = inputs
 
     def __repr__(self) -> str:
@@ -138,8 +135,6 @@ def run_steps(steps: Sequence[Step], values: dict[str, Any], run: RunInfo,
     logger = get_run_logger()
     tracker = run.tracker()
     for step in steps:
-        if step.when and not values.get(step.when):
-            continue
         missing = [src for src in step.inputs.values() if src not in values]
         if missing:
             raise KeyError(f"step {step.name!r} needs {missing}, which no earlier step produced")
@@ -198,8 +193,3 @@ def refs_of(values: dict[str, Any], names: Sequence[str]) -> dict[str, ArtifactR
     return out
 
 
-def quiet_defaults() -> None:
-    """Telemetry off unless the user said otherwise (set before Prefect/MLflow start)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

@@ -1,4 +1,4 @@
-"""The ``compress`` flow: one flow run = one compression run (DESIGN §1).
+"""The ``compress`` flow: one flow run = one compression run.
 
     teacher ─► corpus ─► (1 profile ─► 2 cost model ─► 3 validate gate)
                       ─► 4 importance ─► 5 search ─► 6 discretize/repair
@@ -38,9 +38,9 @@ from tasks.costmodel import fit_costmodel, profile_target, this_machine, validat
 from tasks.data import prepare_corpus
 from tasks.distill import distill_model
 from tasks.evaluation import evaluate_model
+from tasks.prune import prune_model, score_importance
 from tasks.registry import register_model
 from tasks.search import minitron_arch, resolve_limits, search_arch
-from tasks.surgery import prune_model, score_importance
 from tasks.teacher import publish_teacher
 from tasks.verify import verify_model
 

@@ -1,4 +1,4 @@
-"""Cost-model stages (DESIGN §1 boxes 1–3): profile the target, fit, validate (a gate).
+"""Cost-model stages (boxes 1–3 of ``flows/compress.py``): profile, fit, validate (a gate).
 
 Thin wrappers over ``autocompress.hardware`` and ``autocompress.costmodel``.
 Targets that cannot be measured on this machine (GPU spec sheets) get the

@@ -1,4 +1,4 @@
-"""Distillation stage (DESIGN §1 box 8): KD from the teacher, resumable.
+"""Distillation stage (box 8 of ``flows/compress.py``): KD from the teacher, resumable.
 
 Checkpoints live in the stage's checkpoint dir (same inputs → same dir), so a
 failed or interrupted distillation continues from its last checkpoint when the

@@ -1,4 +1,4 @@
-"""Search stages (DESIGN §1 boxes 5–6): DNAS + discretize/repair, and the Minitron pick.
+"""Search stages (boxes 5–6 of ``flows/compress.py``): DNAS + discretize/repair, Minitron pick.
 
 Both run on the same ``SearchContext`` (teacher, importance, calibration data,
 cost model of the target), so the baseline is matched to the same hardware

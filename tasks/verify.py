@@ -1,4 +1,4 @@
-"""Verification stage (DESIGN §1 box 10): measure the model on the target, check limits.
+"""Verification stage (box 10 of ``flows/compress.py``): measure on the target, check limits.
 
 A violated limit does not fail the stage: the report says so (``ok`` = 0) and
 the flow decides (it does not register a model that misses its limits).

@@ -200,8 +200,8 @@ def test_fit_records_its_reference_and_verify_times_against_it(llama, tmp_path):
     """A paired fit saves its reference; measuring as fitted and validating pair with
     it; a model fitted before pairing existed (no such fields) still measures alone."""
     from autocompress.costmodel.fit import fit_cost_model
+    from autocompress.costmodel.measure import measure_as_fitted
     from autocompress.costmodel.validate import validate_cost_model
-    from autocompress.verify import measure_as_fitted
 
     workload = Workload(name="tiny", isl=16, osl=4)
     model, rows = fit_cost_model(_local_cpu_target(), TINY, [workload], n_probes=5, repeats=1,

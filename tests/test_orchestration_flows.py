@@ -119,7 +119,7 @@ def demo_flow(seed: int = 0, experiment: str = "test", with_flaky: bool = False,
     with tracked_flow("orchestration-demo", {"seed": seed}, experiment) as run:
         report = new_report("orchestration-demo", run)
         values = {"seed": seed, "with_flaky": with_flaky}
-        steps = [*DEMO_STEPS, Step("flaky", flaky, when="with_flaky", model="teacher")]
+        steps = [*DEMO_STEPS, *([Step("flaky", flaky, model="teacher")] if with_flaky else [])]
         run_steps(steps, values, run, report)
         if register_as:
             values["name"] = register_as

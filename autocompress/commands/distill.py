@@ -1,21 +1,17 @@
-"""CLI: `autocompress distill` (recover a pruned student) and `autocompress verify`."""
+"""CLI: `autocompress distill` (recover a pruned student)."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import typer
 
-MODEL_HELP = "Model directory (Llama, Mistral, Qwen2, Qwen3 or compressed), or `default`."
+from autocompress.commands import MODEL_HELP
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
     app.command("distill")(distill_command)
-    app.command("verify")(verify_command)
 
 
 # ------------------------------------------------------------------ distill
@@ -159,98 +155,3 @@ def _print_distill_summary(result) -> None:
     console = Console()
     console.print(table)
     console.print(f"wrote {result.out_dir}")
-
-
-# ------------------------------------------------------------------ verify
-
-
-def verify_command(
-    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
-    target: str = typer.Option(
-        "cpu-local/hf-eager/fp32", "--target",
-        help="HARDWARE/ENGINE/DTYPE to measure on; must be this machine (the local CPU, "
-        "or a local GPU with hf-eager).",
-    ),
-    workload: str = typer.Option(
-        "interactive-cpu", "--workload", "-w",
-        help="Workload preset (see `autocompress costmodel presets`).",
-    ),
-    isl: int | None = typer.Option(None, help="Override the preset's prompt length."),
-    osl: int | None = typer.Option(None, help="Override the preset's output length."),
-    batch: int | None = typer.Option(None, help="Override the preset's concurrency."),
-    max_ttft_ms: float | None = typer.Option(None, help="Limit: time to first token (ms)."),
-    max_tpot_ms: float | None = typer.Option(None, help="Limit: time per output token (ms)."),
-    max_e2e_ms: float | None = typer.Option(None, help="Limit: end-to-end latency (ms)."),
-    min_throughput: float | None = typer.Option(
-        None, "--min-throughput", help="Limit: generated tokens/s over the whole batch."
-    ),
-    max_memory_gb: float | None = typer.Option(None, help="Limit: peak memory (GB, 1e9 B)."),
-    limits_file: Path | None = typer.Option(
-        None, "--limits", help="JSON file of limits (the Limits fields); options override it."
-    ),
-    repeats: int = typer.Option(5, help="Timed repetitions (after warm-up)."),
-    warmup: int = typer.Option(1, help="Untimed warm-up repetitions."),
-    threads: int | None = typer.Option(
-        None, help="torch threads while measuring (default: those of the fitted cost model)."
-    ),
-    cost_model: Path | None = typer.Option(
-        None, help="Cost model JSON to compare with (default: the target's fitted one, "
-        "else the analytic model)."
-    ),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
-) -> None:
-    """Measure a model on the target and check its limits; exit 1 if one is violated.
-
-    TTFT, TPOT, end-to-end latency, throughput and peak memory are measured
-    with the harness the cost model was fitted and validated with, and shown
-    beside the cost model's prediction. A limit passes when the median meets
-    it, or lies within the median's 95% confidence interval (memory: exactly).
-    """
-    from autocompress.costmodel.model import CostModel
-    from autocompress.costmodel.target import Target
-    from autocompress.costmodel.workload import get_workload
-    from autocompress.limits import Limits
-    from autocompress.verify import verify
-
-    base = json.loads(limits_file.read_text()) if limits_file else {}
-    given = dict(max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, max_e2e_ms=max_e2e_ms,
-                 min_throughput_tok_s=min_throughput, max_memory_gb=max_memory_gb)
-    limits = Limits(**{**base, **{k: v for k, v in given.items() if v is not None}})
-    parsed = Target.parse(target)
-    shape = get_workload(workload).with_overrides(isl=isl, osl=osl, batch=batch)
-    model_cost = CostModel.load(cost_model) if cost_model else None
-    report = verify(model, parsed, shape, limits, repeats=repeats, warmup=warmup,
-                    threads=threads, cost_model=model_cost)
-    if json_out:
-        tmp = json_out.with_name(json_out.name + f".{os.getpid()}.tmp")
-        tmp.write_text(report.model_dump_json(indent=1))
-        os.replace(tmp, json_out)
-    _print_verify(report)
-    if not report.ok:
-        sys.exit(1)
-
-
-def _print_verify(report) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    checks = {c.metric: c for c in report.checks}
-    table = Table(title=f"verify {report.model} on {report.target}, "
-                        f"workload {report.workload['name']}")
-    for column in ("metric", "measured", "± noise", "predicted", "limit", ""):
-        table.add_column(column, justify="right" if column not in ("metric", "") else "left")
-    for metric, value in report.measured.items():
-        predicted = (report.predicted or {}).get(metric)
-        check = checks.get(metric)
-        limit = "-"
-        if check is not None:
-            limit = f"{'≤' if check.direction == 'max' else '≥'} {check.limit:g}"
-        status = "" if check is None else ("[green]ok[/]" if check.ok else "[red]VIOLATED[/]")
-        table.add_row(metric, f"{value:.4g}", f"{report.noise.get(metric, 0):.2g}",
-                      "-" if predicted is None else f"{predicted:.4g}", limit, status)
-    console = Console()
-    console.print(table)
-    if report.prediction_note:
-        console.print(report.prediction_note)
-    console.print("[green]PASS[/]" if report.ok else
-                  f"[red]FAIL[/]: {', '.join(report.violations)} over the limit")

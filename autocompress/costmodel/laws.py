@@ -9,7 +9,7 @@ Two timing laws, both additive over blocks:
 - ``LinearLaw`` (fitted): a block costs ``Σ_k θ_k · feature_k`` with θ ≥ 0 fitted
   by non-negative least squares on measured probe models (``costmodel.fit``). On
   small CPU models the per-call terms (``attn.call``, ``ffn.call``) dominate:
-  eager PyTorch pays a fixed cost per op (DESIGN §12).
+  eager PyTorch pays a fixed cost per op.
 
 ``ActivationLaw`` gives the temporary bytes of one block (in prefill and in the
 last decode step) and of the constant part; ``CostModel.peak_bytes`` combines

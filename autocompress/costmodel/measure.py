@@ -590,3 +590,32 @@ def measure_model(
     """Measure one model (``measure_many`` with a single model)."""
     return measure_many([model], workload, repeats, warmup, seed, memory, progress=False,
                         reference=reference)[0]
+
+
+def measure_as_fitted(model: torch.nn.Module, workload: Workload, cost_model, repeats: int = 5,
+                      warmup: int = 1, seed: int = 0, threads: int | None = None,
+                      memory: bool = True):
+    """Measure ``model`` as ``cost_model`` was fitted: with its thread count (unless
+    ``threads`` is given), its timing statistic, and paired with its timing reference
+    when it was fitted that way (ratios then scaled by the reference times of the fit
+    where it has them for this workload's shape), so measured and predicted compare
+    like with like. Returns (Measurement, statistic name)."""
+    fit = cost_model.fit
+    if threads is None and fit is not None:
+        threads = fit.threads
+    reference = None
+    if fit is not None and fit.timing == "paired" and fit.reference_spec:
+        parameter = next(model.parameters())
+        reference = timing_reference(fit.reference_spec, parameter.dtype, parameter.device)
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        measurement = measure_model(model, workload, repeats=repeats, warmup=warmup, seed=seed,
+                                    memory=memory, reference=reference)
+    finally:
+        torch.set_num_threads(previous)
+    scale = fit.reference_scale(workload) if reference is not None else None
+    if scale is not None:  # the fit's pooled floor, steadier than this short session's
+        measurement = measurement.with_scale(scale, source="fit")
+    return measurement, (fit.statistic if fit is not None else "median")

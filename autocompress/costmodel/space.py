@@ -1,6 +1,6 @@
 """A default search space around a teacher, for probing and validating cost models.
 
-The search (issue 5) owns the real choice sets; this one mirrors DESIGN §6 so
+The search (issue 5) owns the real choice sets; this one mirrors ``search.space`` so
 that fitting and validation see the architectures the search will produce:
 
 - hidden size: 100%, 87.5%, 75%, 62.5%, 50% of the teacher's (multiples of 16);

@@ -18,7 +18,7 @@ Engines:
   ``tokens_per_block`` tokens (here both are mapped to the same two fields).
 
 The efficiencies and overheads of the analytic engines are assumptions with
-typical values (DESIGN §9: prefill GEMM 0.55–0.75 of peak, decode bandwidth
+typical values (prefill GEMM 0.55–0.75 of peak, decode bandwidth
 0.7–0.9); they are *not* validated here, because no GPU can be measured on this
 machine. Fitted models (``costmodel fit``) replace them for measurable targets.
 """

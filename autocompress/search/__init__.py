@@ -1,4 +1,4 @@
-"""Architecture search under hardware constraints (DESIGN §5–§6).
+"""Architecture search under hardware constraints.
 
 - ``space``: the search space (options per choice, nested prefix masks);
 - ``masked``: the teacher's forward under masks (= the pruned model, exactly);

@@ -57,11 +57,6 @@ def limits_from_fraction(fraction: float, teacher_costs: dict[str, float],
     return (base or Limits()).model_copy(update=update)
 
 
-def describe_limit(metric: str, bound: float, workload: Workload) -> str:
-    """Human text of one budget, e.g. ``tpot_ms <= 34.2 ms``."""
-    return f"{metric} <= {bound:.4g} {UNITS[metric]}"
-
-
 def reachable_text(metric: str, smallest: float, limits: Limits, workload: Workload) -> str:
     """The smallest reachable value of a budget, in the terms of the user's limits."""
     parts = [f"{metric} >= {smallest:.4g} {UNITS[metric]}"]

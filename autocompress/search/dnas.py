@@ -1,4 +1,4 @@
-"""Differentiable architecture search under cost constraints (DESIGN §6).
+"""Differentiable architecture search under cost constraints.
 
 Each choice (global hidden size; per layer attention option and FFN option)
 has a vector of architecture logits ``α``. One search step:

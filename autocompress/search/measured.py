@@ -47,8 +47,9 @@ def measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload,
                  repeats: int = 9) -> tuple[dict[str, float], dict[str, float]]:
     """Time ``spec`` (random weights) on the cost model's target, as the model was fitted
     (same thread count and timing statistic). Returns (metrics, noise of each metric)."""
+    from autocompress.costmodel.measure import measure_as_fitted
     from autocompress.modeling import build_model
-    from autocompress.verify import measure_as_fitted, measurement_device, measurement_noise
+    from autocompress.verify import measurement_device, measurement_noise
 
     model = build_model(spec, base_config, seed=0).eval()
     model.to(measurement_device(cost_model.target))

@@ -1,7 +1,5 @@
-"""Surgery stages: importance scores (Minitron) on calibration data.
-
-Prune lands here too once the search provides architectures to prune to.
-"""
+"""Pruning stages: importance scores (Minitron) on calibration data, then slicing
+the teacher's weights into a searched architecture."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CLI for model surgery: importance, prune, arch show, export."""
+"""CLI: `autocompress importance`, `prune` and `arch show` (prune a teacher to an architecture)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ from pathlib import Path
 
 import typer
 
-MODEL_HELP = "Model directory (Llama, Mistral, Qwen2, Qwen3 or compressed), or `default`."
+from autocompress.commands import MODEL_HELP
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
     app.command("importance")(importance_command)
     app.command("prune")(prune_command)
-    app.command("export")(export_command)
     arch_app = typer.Typer(
         help="Inspect model architectures (per-layer shapes).", no_args_is_help=True
     )
@@ -211,46 +210,3 @@ def _arch_table(spec, source: str, config):
         )
     table.add_row("emb+head+norm", "", "", "", "", f"{spec.embedding_params():,}", end_section=True)
     return table
-
-
-# -------------------------------------------------------------------- export
-
-
-def export_command(
-    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory to write."),
-    fmt: str = typer.Option(
-        "nemotron-nas",
-        "--format",
-        "-f",
-        help="Target format. `nemotron-nas`: DeciLMForCausalLM block_configs (vLLM, "
-        "TensorRT-LLM, llama.cpp `deci`).",
-    ),
-    ffn_format: str = typer.Option(
-        "ffn_mult",
-        help="How FFN widths are written: `ffn_mult` (classic, widths must be "
-        "multiples of 256) or `intermediate_size` (newer checkpoints, exact).",
-    ),
-    overwrite: bool = typer.Option(False, help="Replace a non-empty output directory."),
-) -> None:
-    """Export a model to a heterogeneous format serving engines read.
-
-    Refuses, naming the layer, what the format cannot represent; also writes
-    per_layer_config.json (transformers v5 per-layer overrides).
-    """
-    from rich.console import Console
-
-    from autocompress.errors import AutoCompressError
-    from autocompress.export import export_nemotron_nas
-
-    if fmt != "nemotron-nas":
-        raise AutoCompressError(f"unknown export format {fmt!r}", hint="use --format nemotron-nas")
-    if ffn_format not in ("ffn_mult", "intermediate_size"):
-        raise AutoCompressError(
-            f"unknown --ffn-format {ffn_format!r}", hint="use ffn_mult or intermediate_size"
-        )
-    report = export_nemotron_nas(model, out, ffn_format=ffn_format, overwrite=overwrite)
-    console = Console()
-    console.print(f"wrote {report.out_dir} ({report.format}, {report.num_params:,} parameters)")
-    for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")

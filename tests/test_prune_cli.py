@@ -1,4 +1,4 @@
-"""The surgery CLI end to end on a tiny Llama with a real tokenizer and corpus."""
+"""The importance / prune / arch / export CLI end to end on a tiny Llama with a real corpus."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def workspace(tmp_path_factory):
     from autocompress.data.corpus import build_corpus
     from autocompress.data.tokenizer import train_tokenizer
 
-    root = tmp_path_factory.mktemp("surgery_cli")
+    root = tmp_path_factory.mktemp("prune_cli")
     rows = _stdlib_chunks()
     source = root / "docs.jsonl"
     source.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
