@@ -22,8 +22,11 @@ def export_command(
         "--format",
         "-f",
         help="Target format. `nemotron-nas`: DeciLMForCausalLM block_configs (vLLM, "
-        "TensorRT-LLM, llama.cpp `deci`).",
+        "TensorRT-LLM, llama.cpp `deci`). `gguf`: one llama.cpp file (`llama` when "
+        "homogeneous, else `deci`) with the tokenizer; --out may name the .gguf file.",
     ),
+    dtype: str = typer.Option(
+        "f32", "--dtype", help="gguf only: f32, f16, q8_0 or q4_0 (2-D weights)."),
     ffn_format: str = typer.Option(
         "ffn_mult",
         help="How FFN widths are written: `ffn_mult` (classic, widths must be "
@@ -41,8 +44,18 @@ def export_command(
     from autocompress.errors import AutoCompressError
     from autocompress.export import export_nemotron_nas
 
+    if fmt == "gguf":
+        from autocompress.gguf_export import export_gguf
+
+        written = export_gguf(model, out, dtype, overwrite=overwrite)
+        Console().print(f"wrote {written.path} (GGUF {written.architecture}, {written.dtype}, "
+                        f"{written.num_layers} layers; tokenizer: {written.tokenizer})")
+        for note in written.notes:
+            Console().print(f"note: {note}")
+        return
     if fmt != "nemotron-nas":
-        raise AutoCompressError(f"unknown export format {fmt!r}", hint="use --format nemotron-nas")
+        raise AutoCompressError(f"unknown export format {fmt!r}",
+                                hint="use --format nemotron-nas or gguf")
     if ffn_format not in ("ffn_mult", "intermediate_size"):
         raise AutoCompressError(
             f"unknown --ffn-format {ffn_format!r}", hint="use ffn_mult or intermediate_size"
