@@ -19,6 +19,13 @@ reproduce, Qwen3's q/k norms. Softer mismatches (Qwen2-style q/k/v-only bias,
 head_dim not equal to hidden/heads, sliding windows) are written and reported
 as warnings, because some engines read them and others do not.
 
+The export carries its own remote code (``configuration_decilm.py``,
+``modeling_decilm.py`` and the heterogeneous decoder they build on, siblings with
+relative imports) and lists both in ``auto_map``, so
+``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` loads it
+where AutoCompress is not installed; the config class reads ``block_configs``
+with attribute access under transformers 4.x (vLLM, TensorRT-LLM) and 5.x.
+
 Next to it we write ``per_layer_config.json``: the same shapes as a transformers
 v5 ``LlamaConfig`` with ``per_layer_config`` overrides (``skip`` lists
 ``self_attn`` / ``mlp`` for removed blocks), a record for tools that use that field.
@@ -50,7 +57,20 @@ _COPIED_FILES = (
     "generation_config.json",
     "chat_template.jinja",
 )
-_CONFIG_MODULE = Path(__file__).parent / "modeling" / "configuration_decilm.py"
+# The remote code written next to the weights: siblings with relative imports only.
+_REMOTE_CODE = tuple(
+    Path(__file__).parent / "modeling" / name
+    for name in (
+        "configuration_decilm.py",
+        "modeling_decilm.py",
+        "configuration_autocompress_hetero.py",
+        "modeling_autocompress_hetero.py",
+    )
+)
+AUTO_MAP = {
+    "AutoConfig": "configuration_decilm.DeciLMConfig",
+    "AutoModelForCausalLM": "modeling_decilm.DeciLMForCausalLM",
+}
 
 
 class ExportReport(BaseModel):
@@ -171,7 +191,7 @@ def nemotron_nas_config(
     config = {
         "architectures": ["DeciLMForCausalLM"],
         "model_type": "nemotron-nas",
-        "auto_map": {"AutoConfig": "configuration_decilm.DeciLMConfig"},
+        "auto_map": dict(AUTO_MAP),
         "block_configs": blocks,
         "hidden_size": spec.hidden_size,
         "num_hidden_layers": spec.num_layers,
@@ -267,7 +287,8 @@ def export_nemotron_nas(
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         record = per_layer_config_record(spec, model.config)
         (tmp / "per_layer_config.json").write_text(json.dumps(record, indent=2) + "\n")
-        shutil.copy(_CONFIG_MODULE, tmp / "configuration_decilm.py")
+        for source in _REMOTE_CODE:
+            shutil.copy(source, tmp / source.name)
         for name in _COPIED_FILES:
             source = Path(model_dir) / name
             if source.is_file():
