@@ -49,7 +49,7 @@ def this_machine() -> str:
     return socket.gethostname()
 
 
-@stage("profile", code=["autocompress.hardware"])
+@stage("profile")
 def profile_target(ctx: StageContext, target: str, machine: str) -> ArtifactRef:
     """Detect and (for measurable targets) benchmark this machine's hardware.
 
@@ -86,7 +86,7 @@ def _workloads(names: list[str] | None, default: str):
     return [get_workload(name) for name in (names or [default])]
 
 
-@stage("costmodel", retries=1, code=["autocompress.costmodel", "autocompress.hardware"])
+@stage("costmodel", retries=1)
 def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile: ArtifactRef,
                   options: dict | None = None) -> ArtifactRef:
     """Fit the cost model on measured probes (measurable targets) or take the analytic one."""
@@ -115,7 +115,7 @@ def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile:
                              "target": parsed.name})
 
 
-@stage("validation", retries=1, code=["autocompress.costmodel"])
+@stage("validation", retries=1)
 def validate_costmodel(ctx: StageContext, costmodel: ArtifactRef, teacher: ArtifactRef,
                        workload: str, options: dict | None = None) -> ArtifactRef:
     """Measure sampled architectures, score the cost model, and enforce the gate.

@@ -9,7 +9,7 @@ from autocompress.artifacts import ArtifactRef
 from tasks.stage import StageContext, stage
 
 
-@stage("corpus", code=["autocompress.data.corpus"])
+@stage("corpus")
 def prepare_corpus(ctx: StageContext, corpus_dir: Path, source: str | None = None) -> ArtifactRef:
     """Build the corpus if it is missing (stdlib or a ``datasets`` source) and publish it.
 

@@ -15,8 +15,7 @@ from tasks.stage import StageContext, stage
 DEFAULT_TOKENS = 200_000
 
 
-@stage("distill", retries=1, code=["autocompress.distill", "autocompress.training",
-                                    "autocompress.modeling", "autocompress.data"])
+@stage("distill", retries=1)
 def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
                   corpus: ArtifactRef, options: dict | None = None) -> ArtifactRef:
     """``autocompress.distill.distill`` teacher → student on the corpus's train split."""

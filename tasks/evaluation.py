@@ -9,7 +9,7 @@ from tasks.stage import StageContext, stage
 HEADLINE = ("mc_mean", "mc_mean_stderr", "bits_per_byte", "next_token_acc", "heldout_loss")
 
 
-@stage("evaluate", code=["autocompress.evaluation", "autocompress.modeling"])
+@stage("evaluate")
 def evaluate_model(ctx: StageContext, model: ArtifactRef, corpus: ArtifactRef,
                    tasks: str | None = None, config: dict | None = None,
                    limit: int | None = None) -> ArtifactRef:

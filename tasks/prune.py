@@ -7,8 +7,7 @@ from autocompress.artifacts import ArtifactRef
 from tasks.stage import StageContext, stage
 
 
-@stage("importance", code=["autocompress.importance", "autocompress.modeling",
-                           "autocompress.data"])
+@stage("importance")
 def score_importance(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                      options: dict | None = None) -> ArtifactRef:
     """``importance.importance_for_checkpoint`` on the corpus's calibration split.
@@ -30,8 +29,7 @@ def score_importance(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRe
     return ctx.publish(path, "importance", metrics=metrics)
 
 
-@stage("prune", code=["autocompress.prune", "autocompress.importance", "autocompress.modeling",
-                      "autocompress.arch"])
+@stage("prune")
 def prune_model(ctx: StageContext, teacher: ArtifactRef, arch: ArtifactRef,
                 importance: ArtifactRef) -> ArtifactRef:
     """Slice the teacher's weights into the architecture in ``arch`` (its ``arch.json``)."""

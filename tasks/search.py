@@ -14,9 +14,6 @@ from autocompress.artifacts import ArtifactRef
 from autocompress.limits import Limits
 from tasks.stage import StageContext, stage
 
-SEARCH_CODE = ["autocompress.search", "autocompress.costmodel", "autocompress.importance",
-               "autocompress.modeling", "autocompress.arch", "autocompress.limits"]
-
 
 def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
              importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
@@ -43,7 +40,7 @@ def _arch_metrics(report: dict) -> dict[str, float]:
     return metrics
 
 
-@stage("search", retries=1, code=SEARCH_CODE)
+@stage("search", retries=1)
 def search_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                 importance: ArtifactRef, costmodel: ArtifactRef, validation: ArtifactRef,
                 target: str, workload: str, limits: Limits,
@@ -67,7 +64,7 @@ def search_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                        meta={"method": "autocompress-dnas"})
 
 
-@stage("minitron", retries=1, code=SEARCH_CODE)
+@stage("minitron", retries=1)
 def minitron_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                   importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
                   limits: Limits, options: dict | None = None) -> ArtifactRef:
@@ -83,8 +80,7 @@ def minitron_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                        meta={"method": "minitron"})
 
 
-@stage("limits", code=["autocompress.search.budgets", "autocompress.costmodel",
-                       "autocompress.limits"])
+@stage("limits")
 def resolve_limits(ctx: StageContext, teacher: ArtifactRef, costmodel: ArtifactRef,
                    workload: str, limits: Limits, budget_fraction: float | None) -> Limits:
     """``limits`` plus, with ``budget_fraction``, a limit at that fraction of the

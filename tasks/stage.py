@@ -2,14 +2,15 @@
 
 Every pipeline box (profile, fit cost model, prune, distill, ...) is written as a
 plain function ``fn(ctx: StageContext, **inputs) -> ArtifactRef | dict | model``
-and decorated with ``@stage("name", code=[...])``. The decorator adds, in one
-place for all stages:
+and decorated with ``@stage("name")``. The decorator adds, in one place for all
+stages:
 
 * **Retries**: ``retries`` / ``retry_delay_seconds`` (transient faults).
 * **Caching** keyed on the *content* of the inputs plus a code version:
   ``ArtifactRef`` inputs count by their sha256, configs by their JSON, paths by
-  the hash of what they contain; the code version is a hash of the stage's own
-  source and of the library modules it names in ``code=``. Results are persisted
+  the hash of what they contain; the code version is a hash of the module that
+  defines the stage and of every module it imports from our packages, followed
+  transitively (``tasks.code_key``: derived, never a hand-kept list). Results are persisted
   (JSON), so a new flow run with the same inputs gets every finished stage back
   as a cache hit. Results are references (URI + sha256 + metrics), never models
   or tensors: a pickled module hashes differently in every process.
@@ -26,7 +27,7 @@ place for all stages:
 A stage task is called like the function minus ``ctx``, plus ``run=RunInfo``
 (the flow's MLflow run, store and work dir; not part of the cache key)::
 
-    @stage("fingerprint", kind="report", code=["autocompress.data.corpus"])
+    @stage("fingerprint")
     def fingerprint(ctx, corpus: ArtifactRef) -> ArtifactRef: ...
 
     ref = fingerprint(corpus=corpus_ref, run=run_info)       # inside a flow
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import inspect
 import json
 import os
@@ -55,7 +55,8 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
 from autocompress.artifacts import ArtifactRef, Store, sha256_path, write_json_atomic
-from autocompress.tracking import Tracker, code_version, get_tracker, source_hash
+from autocompress.tracking import Tracker, get_tracker
+from tasks.code_key import code_key
 from tasks.storage import result_storage
 
 
@@ -171,41 +172,27 @@ def inputs_digest(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-@functools.cache
-def _modules_hash(modules: tuple[str, ...] | None) -> str:
-    """Hash of the source of the named modules (None: the whole library)."""
-    if modules is None:
-        import autocompress
-
-        return code_version() + ":" + source_hash(Path(autocompress.__file__).parent)[:16]
-    paths = []
-    for name in modules:
-        module = importlib.import_module(name)
-        file = Path(module.__file__)
-        paths.append(file.parent if file.name == "__init__.py" else file)
-    return source_hash(*paths)
-
-
 @dataclass
 class StageCachePolicy(CachePolicy):
     """Key = stage name + code version + content digests of the inputs (minus ``run``)."""
 
     stage_name: str = ""
     stage_fn: Callable | None = None
-    code_modules: tuple[str, ...] | None = None
     version: str = "1"
     exclude: list[str] = field(default_factory=lambda: ["run"])
 
     def code_version(self) -> str:
-        """Hash of the stage's source, the named modules' sources and ``version``.
+        """Hash of the stage's source, of what its module imports from our packages
+        (transitively) and of ``version``.
 
-        Computed once per process: code does not change under a running process.
+        Computed once per stage object: code does not change under a running process.
         """
         cached = self.__dict__.get("_code_version")
         if cached is None:
             source = inspect.getsource(self.stage_fn) if self.stage_fn else ""
+            module = self.stage_fn.__module__ if self.stage_fn else None
             parts = [self.version, hashlib.sha256(source.encode()).hexdigest(),
-                     _modules_hash(self.code_modules)]
+                     code_key(module) if module else ""]
             cached = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
             self.__dict__["_code_version"] = cached
         return cached
@@ -334,12 +321,10 @@ class Stage:
     """
 
     def __init__(self, fn: Callable, name: str, *, retries: int, retry_delay_seconds: float,
-                 code: Sequence[str] | None, version: str, timeout_seconds: float | None,
-                 cache: bool, tags: Sequence[str]):
+                 version: str, timeout_seconds: float | None, cache: bool, tags: Sequence[str]):
         self.fn = fn
         self.name = name
-        self.cache_policy = StageCachePolicy(stage_name=name, stage_fn=fn, version=version,
-                                             code_modules=tuple(code) if code is not None else None)
+        self.cache_policy = StageCachePolicy(stage_name=name, stage_fn=fn, version=version)
         self.task = task(
             _task_body(fn, name, self.cache_policy),
             name=name,
@@ -369,20 +354,18 @@ class Stage:
 
 
 def stage(name: str, *, retries: int = 2, retry_delay_seconds: float = 2.0,
-          code: Sequence[str] | None = None, version: str = "1",
-          timeout_seconds: float | None = None, cache: bool = True,
+          version: str = "1", timeout_seconds: float | None = None, cache: bool = True,
           tags: Sequence[str] = ()) -> Callable[[Callable], Stage]:
     """Decorate ``fn(ctx, **inputs)`` into a cached, retried, tracked ``Stage``.
 
-    ``code``: library modules whose source is part of the cache key (None: the
-    whole ``autocompress`` package — safe but invalidates on any change).
-    ``version``: bump to invalidate cached results by hand.
+    The code part of the cache key is derived from what ``fn``'s module imports
+    (``tasks.code_key``). ``version``: bump to invalidate cached results by hand
+    (e.g. after upgrading a third-party package the stage depends on).
     """
 
     def decorate(fn: Callable) -> Stage:
         return Stage(fn, name, retries=retries, retry_delay_seconds=retry_delay_seconds,
-                     code=code, version=version, timeout_seconds=timeout_seconds, cache=cache,
-                     tags=tags)
+                     version=version, timeout_seconds=timeout_seconds, cache=cache, tags=tags)
 
     return decorate
 

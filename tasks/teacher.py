@@ -21,7 +21,7 @@ def _model_meta(model_dir: Path) -> dict:
     return {k: config[k] for k in keys if k in config}
 
 
-@stage("teacher", code=["autocompress.artifacts", "autocompress.arch"])
+@stage("teacher")
 def publish_teacher(ctx: StageContext, teacher_dir: Path, label: str = "") -> ArtifactRef:
     """Publish a local teacher directory; its content hash names it from here on.
 
@@ -47,8 +47,7 @@ def _num_params(model_dir: Path) -> int:
     return arch_spec_of(AutoConfig.from_pretrained(model_dir)).num_params()
 
 
-@stage("train_teacher", retries=1, code=["autocompress.teacher", "autocompress.training",
-                                          "autocompress.data"])
+@stage("train_teacher", retries=1)
 def train_teacher(ctx: StageContext, config: dict, corpus: ArtifactRef) -> ArtifactRef:
     """Train (or resume) the default teacher; checkpoints live in the stage work dir.
 

@@ -11,7 +11,7 @@ from autocompress.limits import Limits
 from tasks.stage import StageContext, stage
 
 
-@stage("verify", code=["autocompress.verify", "autocompress.costmodel", "autocompress.limits"])
+@stage("verify")
 def verify_model(ctx: StageContext, model: ArtifactRef, costmodel: ArtifactRef, target: str,
                  workload: str, limits: Limits, machine: str,
                  options: dict | None = None) -> ArtifactRef:

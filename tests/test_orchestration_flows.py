@@ -56,7 +56,7 @@ def _count(name: str) -> None:
 # ---------------------------------------------------------------- small real stages
 
 
-@stage("tiny_teacher", code=["autocompress.modeling.tiny"], retry_delay_seconds=0)
+@stage("tiny_teacher", retry_delay_seconds=0)
 def tiny_teacher(ctx: StageContext, seed: int) -> ArtifactRef:
     """A tiny random Llama, saved the way a real teacher is."""
     from autocompress.modeling.tiny import tiny_model
@@ -231,6 +231,55 @@ def test_transient_fault_is_retried_and_the_run_succeeds(env, monkeypatch):
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["artifact.flaky.sha256"] == report.outputs["flaky"].sha256
     assert report.stage_work_s > 0 and report.wall_s >= report.stage_work_s
+
+
+KEYED_STAGE = """
+from tasks.stage import RunInfo, StageContext, stage
+
+CALLS = []
+
+
+@stage("keyed", retries=0)
+def keyed(ctx: StageContext, x: int) -> dict:
+    from keypkg.helper import double
+
+    CALLS.append(x)
+    return {"y": double(x)}
+
+
+def run_keyed(flow):
+    return flow(name="keyed-flow")(
+        lambda: keyed(x=3, run=RunInfo(track=False), return_state=True).name)()
+"""
+
+
+def test_a_stage_reruns_when_code_it_imports_changes(env, tmp_path, monkeypatch):
+    """The code part of a cache key follows what a stage really imports: editing a
+    module two imports away (stage -> helper -> deep) is a miss, and the body runs
+    again; the same code, even with its files rewritten, is a hit."""
+    import importlib
+
+    pkg = tmp_path / "src" / "keypkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "stages.py").write_text(KEYED_STAGE)
+    (pkg / "helper.py").write_text("def double(x):\n    from keypkg.deep import FACTOR\n\n"
+                                   "    return FACTOR * x\n")
+    (pkg / "deep.py").write_text("FACTOR = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+
+    def run() -> tuple[str, list[int]]:
+        for name in [m for m in sys.modules if m.split(".")[0] == "keypkg"]:
+            del sys.modules[name]  # a fresh import, as a new process would see it
+        stages = importlib.import_module("keypkg.stages")
+        return stages.run_keyed(flow), stages.CALLS
+
+    assert run() == ("Completed", [3])
+    (pkg / "deep.py").write_text("FACTOR = 2\n")  # rewritten, not changed
+    assert run() == ("Cached", [])
+    (pkg / "deep.py").write_text("FACTOR = 3\n")
+    assert run() == ("Completed", [3])
+    assert run() == ("Cached", [])
 
 
 @pytest.fixture(scope="module")

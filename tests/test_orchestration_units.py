@@ -210,8 +210,7 @@ def test_cache_key_follows_content_and_code_not_uris_or_run(tmp_path):
 
     from tasks.stage import RunInfo, StageCachePolicy
 
-    policy = StageCachePolicy(stage_name="prune", stage_fn=_stage_body,
-                              code_modules=("autocompress.artifacts",))
+    policy = StageCachePolicy(stage_name="prune", stage_fn=_stage_body)
     a = ArtifactRef(uri="file:///one/place", sha256="a" * 64, kind="model")
     moved = a.model_copy(update={"uri": "s3://bucket/elsewhere"})
 
@@ -223,8 +222,7 @@ def test_cache_key_follows_content_and_code_not_uris_or_run(tmp_path):
     assert key(a) != key(a.model_copy(update={"sha256": "b" * 64}))
     assert key(a) != key(a, config={"k": 2})
     assert key(a).startswith("prune-")
-    bumped = StageCachePolicy(stage_name="prune", stage_fn=_stage_body, version="2",
-                              code_modules=("autocompress.artifacts",))
+    bumped = StageCachePolicy(stage_name="prune", stage_fn=_stage_body, version="2")
     assert key(a) != key(a, p=bumped)
     # A directory input counts by its content.
     d = _tree(tmp_path / "teacher", {"config.json": "{}"})
@@ -269,3 +267,20 @@ def test_register_on_the_embedded_store_without_a_tracking_uri(tmp_path, monkeyp
     report = lineage("units-model", tracker=tracker)
     assert report.version == 2 and report.ok and report.model_id
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_stage_code_follows_imports_including_the_ones_a_hand_list_missed():
+    """The search stage's code reaches modules the search imports only indirectly
+    (prune, verify, data: once missing from a hand-written list), lazy imports
+    inside functions included; modules it never imports stay out."""
+    from tasks.code_key import OUR_PACKAGES, code_files
+
+    root = Path(__file__).resolve().parents[1]
+    files = {str(p.relative_to(root)) for p in code_files("tasks.search", OUR_PACKAGES)}
+    for needed in ("tasks/search.py", "autocompress/search/run.py", "autocompress/prune.py",
+                   "autocompress/verify.py", "autocompress/data/corpus.py",
+                   "autocompress/costmodel/measure.py", "autocompress/hardware_specs.json"):
+        assert needed in files
+    for unrelated in ("autocompress/distill.py", "autocompress/commands/search.py",
+                      "tasks/distill.py"):
+        assert unrelated not in files
