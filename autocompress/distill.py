@@ -44,6 +44,10 @@ _RESUMABLE_CHANGES = {"eval_every", "eval_batches", "ckpt_every", "keep_checkpoi
                       "parallel", "grad_accum"}
 
 
+# The token budget when none is given (the compress flow and the Python API): CPU-scale.
+DEFAULT_TOKENS = 200_000
+
+
 class DistillConfig(BaseModel):
     """How long and how to distil; ``tokens`` / (``batch_size`` × ``seq_len``) = steps."""
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 from autocompress.artifacts import ArtifactRef
 from tasks.stage import StageContext, stage
 
-# A CPU-scale default budget; set options["distill"]["tokens"] for real runs.
-DEFAULT_TOKENS = 200_000
-
 
 @stage("distill", retries=1)
 def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
@@ -21,7 +18,7 @@ def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
     """``autocompress.distill.distill`` teacher → student on the corpus's train split."""
     import torch
 
-    from autocompress.distill import DistillConfig, DistillData, distill
+    from autocompress.distill import DEFAULT_TOKENS, DistillConfig, DistillData, distill
     from autocompress.modeling import load_causal_lm
 
     config = DistillConfig.model_validate({"tokens": DEFAULT_TOKENS, **(options or {})})

@@ -16,19 +16,18 @@ from autocompress.modeling import arch_spec_of
 from autocompress.modeling.tiny import tiny_model
 from autocompress.prune import prune
 from autocompress.search import (
-    DNAS,
-    Choice,
     DNASConfig,
     SearchConfig,
     SearchContext,
     SpaceConfig,
-    budgets_from_limits,
     run_minitron,
     run_search,
-    search_to_file,
 )
+from autocompress.search.budgets import budgets_from_limits
 from autocompress.search.discretize import CostTables, Scores, repair, smallest_reachable
-from autocompress.search.dnas import expected_budget_costs
+from autocompress.search.dnas import DNAS, expected_budget_costs
+from autocompress.search.run import search_to_file
+from autocompress.search.space import Choice
 
 WORKLOAD = Workload(name="test", isl=64, osl=8, batch=2)
 

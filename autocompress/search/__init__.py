@@ -6,43 +6,47 @@
 - ``discretize``: exact repair to one architecture meeting every budget;
 - ``minitron``: the homogeneous Minitron baseline (parameter or matched target);
 - ``trajectory``: the search's per-step record as JSON and a plot;
-- ``run``: all of it end to end (what the CLI calls).
+- ``run``: all of it end to end (what the CLI and the stages call).
+
+Most users call ``autocompress.search(teacher, target, workload, limits, config)``
+(``autocompress.api.search``): this package is callable for that reason. Exported
+here: the configs, and the two-step form for callers that search several budgets
+on one teacher (``SearchContext.build`` once, then ``run_search`` / ``run_minitron``).
 """
 
-from autocompress.search.budgets import budgets_from_limits, limits_from_fraction
-from autocompress.search.discretize import repair, smallest_reachable
-from autocompress.search.dnas import DNAS, DNASConfig, DNASResult
-from autocompress.search.masked import MaskedTeacher
-from autocompress.search.minitron import MinitronConfig, minitron_for_params, minitron_matched
-from autocompress.search.run import (
-    SearchConfig,
-    SearchContext,
-    minitron_to_file,
-    run_minitron,
-    run_search,
-    search_to_file,
-)
-from autocompress.search.space import Choice, SearchSpace, SpaceConfig
+import importlib
+import sys
+import types
+
+from autocompress.search.dnas import DNASConfig
+from autocompress.search.minitron import MinitronConfig
+from autocompress.search.run import SearchConfig, SearchContext, run_minitron, run_search
+from autocompress.search.space import SpaceConfig
 
 __all__ = [
-    "DNAS",
-    "Choice",
     "DNASConfig",
-    "DNASResult",
-    "MaskedTeacher",
     "MinitronConfig",
     "SearchConfig",
     "SearchContext",
-    "SearchSpace",
     "SpaceConfig",
-    "budgets_from_limits",
-    "limits_from_fraction",
-    "minitron_for_params",
-    "minitron_matched",
-    "minitron_to_file",
-    "repair",
     "run_minitron",
     "run_search",
-    "search_to_file",
-    "smallest_reachable",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """``autocompress.search(...)`` is ``autocompress.api.search(...)``.
+
+    The natural name of the API's function is the name of this package, and a
+    function bound as ``autocompress.search`` would be replaced by the package as
+    soon as anything imported ``autocompress.search.<module>``. So the package
+    itself is callable. (The API is imported by name, not by an ``import``
+    statement, so that the stages' cache keys, which follow import statements,
+    do not take the whole API in with this package.)
+    """
+
+    def __call__(self, *args, **kwargs):
+        return importlib.import_module("autocompress.api").search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,59 @@
+"""The Python API: the README's example runs as written, on a tiny teacher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autocompress.modeling.tiny import tiny_model
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def readme_example() -> str:
+    """The Python block between the README's api-example markers."""
+    text = README.read_text()
+    block = text.split("<!-- api-example:start -->")[1].split("<!-- api-example:end -->")[0]
+    return block.split("```python")[1].split("```")[0]
+
+
+def test_the_readme_example_compresses_a_tiny_teacher(tmp_path, monkeypatch, tiny_corpus,
+                                                       tiny_tokenizer, capsys):
+    teacher = tmp_path / "teacher"
+    tiny_model("llama", vocab_size=len(tiny_tokenizer), hidden_size=64, num_layers=4,
+               num_heads=4, gqa_ratio=2, intermediate_size=128, seed=1).save_pretrained(teacher)
+    tiny_tokenizer.save_pretrained(teacher)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "corpus").symlink_to(tiny_corpus)  # the default corpus, without building it
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+
+    code = readme_example()
+    assert code.count('"default"') == 1  # the teacher: the only thing the test changes
+    namespace: dict = {}
+    exec(compile(code.replace('"default"', repr(str(teacher))), str(README), "exec"), namespace)
+
+    result = namespace["result"]
+    assert result.out_dir == Path("compressed") and (tmp_path / "compressed/config.json").exists()
+    found = result.search
+    assert found.method == "autocompress" and found.params < found.teacher_params
+    # The limit is 60% of the teacher's predicted TPOT, and the pick meets it as predicted.
+    assert found.limits.max_tpot_ms == found.teacher_predicted["tpot_ms"] * 0.6
+    assert found.predicted["tpot_ms"] <= found.limits.max_tpot_ms
+    assert result.distill.tokens_seen >= 20_000
+    assert result.evaluation["tasks"] and result.evaluation["heldout_loss"] > 0
+    assert result.verification.measured["tpot_ms"] > 0 and result.verified is not None
+    assert "verified: " in capsys.readouterr().out
+
+
+def test_autocompress_search_is_the_api_and_the_package(tmp_path):
+    import pytest
+
+    import autocompress
+    from autocompress.errors import AutoCompressError
+    from autocompress.search import SearchConfig
+
+    assert autocompress.search.SearchConfig is SearchConfig  # still the package
+    with pytest.raises(AutoCompressError, match="no-such-teacher"):  # and the API's search
+        autocompress.search(tmp_path / "no-such-teacher", limits=autocompress.Limits(
+            max_tpot_ms=1.0))
