@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field
 
 from autocompress import distributed
 from autocompress.errors import AutoCompressError
+from autocompress.losses import kd_loss
 from autocompress.training import TrainConfig, TrainState, bf16_is_fast, train
 
 # Config fields that may change when a run resumes: they do not alter the losses
@@ -165,20 +166,6 @@ class DistillResult(BaseModel):
 
 
 # ---------------------------------------------------------------- losses
-
-
-def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-            temperature: float = 1.0) -> torch.Tensor:
-    """Forward KL(teacher ‖ student) per token, softened by T, scaled by T².
-
-    Computed in fp32 (bf16 softmax over a large vocabulary loses the tail).
-    """
-    t = temperature
-    vocab = student_logits.shape[-1]
-    log_q = F.log_softmax(student_logits.float().reshape(-1, vocab) / t, dim=-1)
-    log_p = F.log_softmax(teacher_logits.float().reshape(-1, vocab) / t, dim=-1)
-    kl = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
-    return kl * (t * t)
 
 
 def hidden_cosine_loss(student_hidden: list[torch.Tensor],

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from autocompress.errors import AutoCompressError
+from autocompress.modeling.blocks import decoder_layers
 
 Strategy = Literal["ddp", "fsdp"]
 
@@ -142,15 +143,6 @@ def shard(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
-
-
-def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder blocks of a Hugging Face causal LM (``….model.layers``), also
-    when it is wrapped (e.g. ``DistillStudent.student.model.layers``)."""
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
-            return list(module)
-    return []
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -37,6 +37,7 @@ from torch import nn
 
 from autocompress.arch import ArchSpec
 from autocompress.errors import AutoCompressError
+from autocompress.modeling.blocks import decoder_layers
 
 FORMAT = "autocompress-importance/1"
 DEPTH_METRICS = ("cosine", "loss")
@@ -228,18 +229,6 @@ def _descending(scores: torch.Tensor) -> torch.Tensor:
 
 
 # -------------------------------------------------------------- computing
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a supported model (Llama family or hetero)."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise AutoCompressError(
-            f"{type(model).__name__} has no model.layers",
-            hint="importance and pruning support Llama, Mistral, Qwen2, Qwen3 and hetero models",
-        )
-    return layers
 
 
 class _Accumulator:
@@ -499,12 +488,12 @@ def random_importance(arch_or_model: ArchSpec | nn.Module, seed: int = 0) -> Imp
 
 
 def _progress(items: list, description: str, enabled: bool):
-    if not enabled:
-        yield from items
-        return
-    from rich.progress import track
+    from autocompress.progress import Bar
 
-    yield from track(items, description=description, transient=True)
+    with Bar(description, len(items), enabled=enabled, transient=True) as bar:
+        for item in items:
+            yield item
+            bar.advance()
 
 
 # ------------------------------------------------------------ checkpoints

@@ -28,6 +28,8 @@ LIMIT_METRICS: dict[str, tuple[str, Literal["max", "min"]]] = {
 }
 
 METRICS: tuple[str, ...] = tuple(metric for metric, _ in LIMIT_METRICS.values())
+# metric name -> its limit field (the inverse of LIMIT_METRICS).
+LIMIT_OF_METRIC: dict[str, str] = {metric: name for name, (metric, _) in LIMIT_METRICS.items()}
 
 
 class LimitCheck(BaseModel):

@@ -20,7 +20,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from autocompress import distributed
 from autocompress.errors import AutoCompressError
+from autocompress.progress import Bar
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
 BatchFn = Callable[[int], torch.Tensor]
@@ -292,45 +292,24 @@ def _evaluate(model: torch.nn.Module, eval_fn: EvalFn) -> dict[str, float]:
 
 
 class _Progress:
-    """A rich progress bar on a terminal, plain log lines otherwise."""
+    """Training progress: steps, the loss and tokens/s (``progress.Bar``), eval lines."""
 
     def __init__(self, description: str, total: int, start: int, tokens_per_step: int,
                  enabled: bool = True):
         self.tokens_per_step = tokens_per_step
         self.t0, self.s0 = time.perf_counter(), start
-        self.quiet = not enabled or bool(os.environ.get("AUTOCOMPRESS_QUIET"))
-        self.interactive = sys.stderr.isatty() and not self.quiet
-        self.total = total
-        self.description = description
-        self.bar = None
-        if self.interactive:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                TextColumn("{task.completed}/{task.total}"),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
-            self.bar.start()
-            self.task = self.bar.add_task(description, total=total, completed=start, info="")
+        self.bar = Bar(description, total, enabled=enabled, completed=start, every=10)
 
     def _rate(self, step: int) -> float:
         dt = time.perf_counter() - self.t0
         return (step - self.s0) * self.tokens_per_step / dt if dt > 0 else 0.0
 
     def update(self, step: int, loss: float) -> None:
-        info = f"loss {loss:.3f}  {self._rate(step):,.0f} tok/s"
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, info=info)
-        elif step % 10 == 0 or step == self.total:
-            if not self.quiet:
-                print(f"[{self.description}] step {step}/{self.total} {info}", flush=True)
+        self.bar.update(step, f"loss {loss:.3f}  {self._rate(step):,.0f} tok/s")
 
     def note(self, evals: dict[str, float]) -> None:
-        text = " ".join(f"{k}={v:.4g}" for k, v in evals.items())
-        if self.bar is not None:
-            self.bar.console.print(f"[{self.description}] eval {text}")
-        elif not self.quiet:
-            print(f"[{self.description}] eval {text}", flush=True)
+        self.bar.note("eval " + " ".join(f"{k}={v:.4g}" for k, v in evals.items()))
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.close()
+

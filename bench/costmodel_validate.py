@@ -45,13 +45,13 @@ def joint_fit_and_validate(target, base, workloads, args):
     """Probes and validation architectures measured together, fitted on the probes only."""
     from autocompress.costmodel.fit import fit_from_rows, fit_report, rows_from_grid
     from autocompress.costmodel.measure import measure_grid, timing_reference
-    from autocompress.costmodel.space import SearchSpace
+    from autocompress.costmodel.probes import ProbeSampler
     from autocompress.costmodel.validate import sample_specs, score_measurements
     from autocompress.modeling import arch_spec_of, build_model
 
     start = time.perf_counter()
     base_spec = arch_spec_of(base)
-    probes = SearchSpace.around(base_spec).probe_specs(args.probes, seed=0)
+    probes = ProbeSampler.around(base_spec).probe_specs(args.probes, seed=0)
     held_out = sample_specs(base_spec, args.n, seed=1000)
     models = [build_model(s, base, seed=i) for i, s in enumerate([*probes, *held_out])]
     reference = None if args.absolute else timing_reference(base_spec)
@@ -93,7 +93,7 @@ def main() -> None:
 
     from autocompress.costmodel.fit import CPU_FIT_WORKLOADS, fit_cost_model
     from autocompress.costmodel.model import default_path
-    from autocompress.costmodel.space import default_base_config
+    from autocompress.costmodel.probes import default_base_config
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.validate import plot_validation, validate_cost_model
     from autocompress.costmodel.workload import get_workload

@@ -83,21 +83,25 @@ def minitron_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
 @stage("limits")
 def resolve_limits(ctx: StageContext, teacher: ArtifactRef, costmodel: ArtifactRef,
                    workload: str, limits: Limits, budget_fraction: float | None) -> Limits:
-    """``limits`` plus, with ``budget_fraction``, a limit at that fraction of the
-    teacher's predicted cost on the workload's main metric (``limits_from_fraction``)."""
-    if budget_fraction is None:
-        return limits
+    """``search.budgets.resolve_limits`` with the teacher's cost predicted by the flow's
+    cost model."""
     from transformers import AutoConfig
 
     from autocompress.costmodel import CostModel, get_workload
     from autocompress.modeling import arch_spec_of
-    from autocompress.search.budgets import limits_from_fraction
+    from autocompress.search import budgets
 
-    model = CostModel.load(ctx.fetch(costmodel))
-    spec = arch_spec_of(AutoConfig.from_pretrained(ctx.fetch(teacher)))
     wl = get_workload(workload)
-    teacher_costs = model.predict(spec, wl).metrics()
-    resolved = limits_from_fraction(budget_fraction, teacher_costs, wl, base=limits)
-    ctx.log_params({"limits": resolved.model_dump(exclude_none=True),
-                    "teacher_predicted": teacher_costs})
+    predicted: dict[str, float] = {}
+
+    def teacher_costs() -> dict[str, float]:
+        model = CostModel.load(ctx.fetch(costmodel))
+        spec = arch_spec_of(AutoConfig.from_pretrained(ctx.fetch(teacher)))
+        predicted.update(model.predict(spec, wl).metrics())
+        return predicted
+
+    resolved = budgets.resolve_limits(limits, budget_fraction, teacher_costs, wl)
+    if predicted:
+        ctx.log_params({"limits": resolved.model_dump(exclude_none=True),
+                        "teacher_predicted": predicted})
     return resolved

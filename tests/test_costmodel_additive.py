@@ -11,7 +11,7 @@ import torch
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 from autocompress.costmodel import CostModel, Target, Workload, expected_costs, expected_max
 from autocompress.costmodel.laws import ActivationLaw, LinearLaw
-from autocompress.costmodel.space import SearchSpace
+from autocompress.costmodel.probes import ProbeSampler
 
 REFERENCE = ArchSpec.uniform(
     num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2, intermediate_size=768,
@@ -54,7 +54,7 @@ MODELS = {
 
 
 def _space():
-    space = SearchSpace.around(REFERENCE)
+    space = ProbeSampler.around(REFERENCE)
     return (list(space.hidden_options), list(space.attention_options),
             list(space.ffn_options))
 

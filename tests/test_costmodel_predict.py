@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from autocompress.arch import ArchSpec
 from autocompress.costmodel import CostModel, Target, Workload, get_workload, known_targets
 from autocompress.costmodel.configs import load_arch
-from autocompress.costmodel.space import default_base_config
+from autocompress.costmodel.probes import default_base_config
 from autocompress.errors import AutoCompressError
 
 # Public config.json contents (meta-llama/Meta-Llama-3-8B and -70B), written out here

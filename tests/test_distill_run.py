@@ -18,9 +18,9 @@ from autocompress.distill import (
     default_work_dir,
     distill,
     hidden_cosine_loss,
-    kd_loss,
 )
 from autocompress.errors import AutoCompressError
+from autocompress.losses import kd_loss
 
 VOCAB, SEQ = 96, 16
 
@@ -232,8 +232,8 @@ def test_resuming_a_finished_run_returns_its_record(tmp_path):
 
 
 def test_fsdp_units_are_the_decoder_layers_of_the_wrapped_student():
-    from autocompress.distributed import decoder_layers
+    from autocompress.modeling.blocks import decoder_layers
 
     student = tiny_llama(3, 32, 1)
     module = DistillStudent(student, {1: 1}, teacher_hidden_size=64)
-    assert decoder_layers(module) == list(student.model.layers)
+    assert list(decoder_layers(module)) == list(student.model.layers)

@@ -260,7 +260,7 @@ def fit(
     """Measure probe architectures on the local target and fit the cost model (NNLS)."""
     from autocompress.costmodel.fit import fit_cost_model
     from autocompress.costmodel.model import default_path
-    from autocompress.costmodel.space import default_base_config
+    from autocompress.costmodel.probes import default_base_config
     from autocompress.costmodel.target import Target
 
     _set_threads(threads)
@@ -305,7 +305,7 @@ def validate(
     ),
 ) -> None:
     """Measure sampled architectures and report MAPE, Kendall τ and spread per metric."""
-    from autocompress.costmodel.space import default_base_config
+    from autocompress.costmodel.probes import default_base_config
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.validate import plot_validation, validate_cost_model
 

@@ -28,8 +28,7 @@ def demo(
     from autocompress.commands.pipeline import run
 
     run(teacher="default", target="cpu-local/hf-eager/fp32", workload=workload,
-        max_ttft_ms=None, max_tpot_ms=None, max_e2e_ms=None, min_throughput_tok_s=None,
-        max_memory_gb=None, budget_fraction=budget_fraction, baseline=baseline,
+        budget_fraction=budget_fraction, baseline=baseline,
         eval_tasks=None, eval_limit=eval_limit, register_as="autocompress-demo",
         no_register=False, store=None, experiment="autocompress-demo", no_track=False,
         refresh_cache=False,

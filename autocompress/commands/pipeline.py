@@ -16,7 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autocompress.commands.limit_options import NO_LIMITS, budget_fraction_option, limit_options
 from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
 
 console = Console()
 
@@ -36,7 +38,7 @@ _ROWS = {
 
 def register(app: typer.Typer) -> None:
     """Add ``run`` and ``lineage`` to the main app."""
-    app.command("run")(run)
+    app.command("run")(limit_options(run))
     app.command("lineage")(lineage_command)
 
 
@@ -46,15 +48,8 @@ def run(
     target: str = typer.Option("cpu-local/hf-eager/fp32",
                                help="Hardware/engine/dtype the model must run on."),
     workload: str = typer.Option("local-coding-cpu", help="Workload preset name."),
-    max_ttft_ms: float | None = typer.Option(None, help="Limit: time to first token (ms)."),
-    max_tpot_ms: float | None = typer.Option(None, help="Limit: time per output token (ms)."),
-    max_e2e_ms: float | None = typer.Option(None, help="Limit: end-to-end latency (ms)."),
-    min_throughput_tok_s: float | None = typer.Option(
-        None, help="Limit: generated tokens/s over all concurrent requests."),
-    max_memory_gb: float | None = typer.Option(None, help="Limit: peak memory (GB)."),
-    budget_fraction: float | None = typer.Option(
-        None, help="Add a limit at this fraction of the teacher's predicted cost on the "
-        "workload's main metric (e.g. 0.6)."),
+    limits: Limits = NO_LIMITS,
+    budget_fraction: float | None = budget_fraction_option(),
     baseline: bool = typer.Option(False, help="Also run the Minitron baseline for comparison."),
     eval_tasks: str | None = typer.Option(None, help="Benchmarks (comma list; default: the "
                                           "local code suite)."),
@@ -85,11 +80,8 @@ def run(
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
     from flows.compress import compress
 
-    limits = {k: v for k, v in {"max_ttft_ms": max_ttft_ms, "max_tpot_ms": max_tpot_ms,
-                                "max_e2e_ms": max_e2e_ms,
-                                "min_throughput_tok_s": min_throughput_tok_s,
-                                "max_memory_gb": max_memory_gb}.items() if v is not None}
-    report = compress(teacher=teacher, target=target, workload=workload, limits=limits,
+    report = compress(teacher=teacher, target=target, workload=workload,
+                      limits=limits.model_dump(exclude_none=True),
                       budget_fraction=budget_fraction, baseline=baseline,
                       eval_tasks=eval_tasks, eval_limit=eval_limit,
                       register_as=None if no_register else register_as, store=store,

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import typer
 
+from autocompress.commands.limit_options import NO_LIMITS, budget_fraction_option, limit_options
+from autocompress.limits import Limits
+
 TEACHER_HELP = "Teacher model directory (Llama, Mistral, Qwen2, Qwen3), or `default`."
 TARGET_HELP = (
     "Deployment target HARDWARE/ENGINE/DTYPE (dtype optional), e.g. cpu-local/hf-eager/fp32 or "
@@ -16,18 +19,14 @@ WORKLOAD_HELP = (
     "Workload preset: local-coding-cpu, datacenter-cpu, interactive-cpu (measurable here) or "
     "local-coding, datacenter, interactive (GPU scale)."
 )
-FRACTION_HELP = (
-    "Set a limit at this fraction of the teacher's predicted cost on the workload's main "
-    "metric (e.g. 0.5 = half the teacher's TPOT); combines with explicit limits."
-)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
-    app.command("search")(search_command)
+    app.command("search")(limit_options(search_command))
     baseline = typer.Typer(help="Baseline architectures to compare the search against.",
                            no_args_is_help=True)
-    baseline.command("minitron")(minitron_command)
+    baseline.command("minitron")(limit_options(minitron_command))
     app.add_typer(baseline, name="baseline")
 
 
@@ -60,16 +59,11 @@ def _fractions(text: str) -> list[float]:
     return values
 
 
-def _limits(ttft, tpot, e2e, throughput, memory):
-    from autocompress.limits import Limits
-
-    return Limits(max_ttft_ms=ttft, max_tpot_ms=tpot, max_e2e_ms=e2e,
-                  min_throughput_tok_s=throughput, max_memory_gb=memory)
-
-
 def _print_result(report: dict, out: Path, what: str) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from autocompress.limits import LIMIT_OF_METRIC
 
     console = Console()
     arch = report["arch"]
@@ -89,9 +83,7 @@ def _print_result(report: dict, out: Path, what: str) -> None:
             limits.add_column(column, justify="right")
         margins = report.get("margins", {})
         teacher = report.get("teacher_predicted") or {}
-        bounds = {"ttft_ms": "max_ttft_ms", "tpot_ms": "max_tpot_ms", "e2e_ms": "max_e2e_ms",
-                  "throughput_tok_s": "min_throughput_tok_s", "memory_gb": "max_memory_gb"}
-        for metric, name in bounds.items():
+        for metric, name in LIMIT_OF_METRIC.items():
             limit = report.get("limits", {}).get(name)
             margin = margins.get(metric)
             limits.add_row(metric, f"{predicted[metric]:.4g}",
@@ -107,13 +99,8 @@ def search_command(
     target: str = typer.Option("cpu-local/hf-eager/fp32", "--target", help=TARGET_HELP),
     workload: str = typer.Option("interactive-cpu", "--workload", "-w", help=WORKLOAD_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="ArchSpec JSON to write."),
-    max_ttft_ms: float | None = typer.Option(None, help="Time to first token limit (ms)."),
-    max_tpot_ms: float | None = typer.Option(None, help="Time per output token limit (ms)."),
-    max_e2e_ms: float | None = typer.Option(None, help="End-to-end request latency limit (ms)."),
-    min_throughput: float | None = typer.Option(
-        None, help="Generated tokens/s over all concurrent sequences (lower bound)."),
-    max_memory_gb: float | None = typer.Option(None, help="Peak memory limit (GB = 1e9 bytes)."),
-    budget_fraction: float | None = typer.Option(None, help=FRACTION_HELP),
+    limits: Limits = NO_LIMITS,
+    budget_fraction: float | None = budget_fraction_option(),
     importance: Path | None = typer.Option(
         None, "--importance", "-i",
         help="Importance file (`autocompress importance`); computed on calibration data if "
@@ -167,9 +154,7 @@ def search_command(
     )
     ctx = SearchContext.build(teacher, target, workload, config, importance=importance,
                               corpus_dir=data)
-    limits = ctx.resolve_limits(
-        _limits(max_ttft_ms, max_tpot_ms, max_e2e_ms, min_throughput, max_memory_gb),
-        budget_fraction)
+    limits = ctx.resolve_limits(limits, budget_fraction)
     report = search_to_file(ctx, limits, out, config, work_dir=work_dir)
     _print_result(report, out, "searched architecture")
 
@@ -184,13 +169,8 @@ def minitron_command(
         help="Matched mode: the largest homogeneous model meeting the limits on this target "
         "(" + TARGET_HELP + ")"),
     workload: str | None = typer.Option(None, "--workload", "-w", help=WORKLOAD_HELP),
-    max_ttft_ms: float | None = typer.Option(None, help="Time to first token limit (ms)."),
-    max_tpot_ms: float | None = typer.Option(None, help="Time per output token limit (ms)."),
-    max_e2e_ms: float | None = typer.Option(None, help="End-to-end request latency limit (ms)."),
-    min_throughput: float | None = typer.Option(
-        None, help="Generated tokens/s over all concurrent sequences (lower bound)."),
-    max_memory_gb: float | None = typer.Option(None, help="Peak memory limit (GB = 1e9 bytes)."),
-    budget_fraction: float | None = typer.Option(None, help=FRACTION_HELP),
+    limits: Limits = NO_LIMITS,
+    budget_fraction: float | None = budget_fraction_option(),
     importance: Path | None = typer.Option(
         None, "--importance", "-i", help="Importance file; computed if omitted."),
     data: Path | None = typer.Option(
@@ -226,8 +206,6 @@ def minitron_command(
     if params is not None:
         report = minitron_to_file(ctx, out, params=_parse_count(params), config=config)
     else:
-        limits = ctx.resolve_limits(
-            _limits(max_ttft_ms, max_tpot_ms, max_e2e_ms, min_throughput, max_memory_gb),
-            budget_fraction)
+        limits = ctx.resolve_limits(limits, budget_fraction)
         report = minitron_to_file(ctx, out, limits=limits, config=config)
     _print_result(report, out, f"Minitron ({report['mode']})")

@@ -10,11 +10,13 @@ from pathlib import Path
 import typer
 
 from autocompress.commands import MODEL_HELP
+from autocompress.commands.limit_options import NO_LIMITS, limit_options
+from autocompress.limits import Limits
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
-    app.command("verify")(verify_command)
+    app.command("verify")(limit_options(verify_command))
 
 
 def verify_command(
@@ -31,13 +33,7 @@ def verify_command(
     isl: int | None = typer.Option(None, help="Override the preset's prompt length."),
     osl: int | None = typer.Option(None, help="Override the preset's output length."),
     batch: int | None = typer.Option(None, help="Override the preset's concurrency."),
-    max_ttft_ms: float | None = typer.Option(None, help="Limit: time to first token (ms)."),
-    max_tpot_ms: float | None = typer.Option(None, help="Limit: time per output token (ms)."),
-    max_e2e_ms: float | None = typer.Option(None, help="Limit: end-to-end latency (ms)."),
-    min_throughput: float | None = typer.Option(
-        None, "--min-throughput", help="Limit: generated tokens/s over the whole batch."
-    ),
-    max_memory_gb: float | None = typer.Option(None, help="Limit: peak memory (GB, 1e9 B)."),
+    limits: Limits = NO_LIMITS,
     limits_file: Path | None = typer.Option(
         None, "--limits", help="JSON file of limits (the Limits fields); options override it."
     ),
@@ -62,13 +58,10 @@ def verify_command(
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.workload import get_workload
-    from autocompress.limits import Limits
     from autocompress.verify import verify
 
     base = json.loads(limits_file.read_text()) if limits_file else {}
-    given = dict(max_ttft_ms=max_ttft_ms, max_tpot_ms=max_tpot_ms, max_e2e_ms=max_e2e_ms,
-                 min_throughput_tok_s=min_throughput, max_memory_gb=max_memory_gb)
-    limits = Limits(**{**base, **{k: v for k, v in given.items() if v is not None}})
+    limits = Limits(**{**base, **limits.model_dump(exclude_none=True)})
     parsed = Target.parse(target)
     shape = get_workload(workload).with_overrides(isl=isl, osl=osl, batch=batch)
     model_cost = CostModel.load(cost_model) if cost_model else None

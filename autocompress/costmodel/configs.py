@@ -34,7 +34,7 @@ _HINT = (
 
 def load_arch(source: str | Path) -> tuple[ArchSpec, list[str]]:
     """The ArchSpec of ``source`` and notes about approximations made while reading it."""
-    from autocompress.costmodel.space import default_base_config
+    from autocompress.costmodel.probes import default_base_config
 
     if str(source) == "default":
         return _from_hf_dict(default_base_config().to_dict()), []
@@ -69,7 +69,7 @@ def _is_decilm(data: dict[str, Any]) -> bool:
 
 
 def _from_arch_json(data: dict[str, Any]) -> ArchSpec:
-    from autocompress.costmodel.space import default_base_config
+    from autocompress.costmodel.probes import default_base_config
 
     spec = ArchSpec.from_json(json.dumps(data))
     if spec.head_dim is None or spec.vocab_size is None:

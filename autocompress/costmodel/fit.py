@@ -1,6 +1,6 @@
 """Fitting a cost model to measurements of probe architectures on the local target.
 
-1. Build a designed set of probe architectures (``SearchSpace.probe_specs``:
+1. Build a designed set of probe architectures (``ProbeSampler.probe_specs``:
    the corners of the space + random heterogeneous samples) with random weights.
 2. Measure each on every fitting workload with the harness (``measure``),
    repetitions interleaved across probes.
@@ -46,7 +46,7 @@ from autocompress.costmodel.measure import (
     timing_reference,
 )
 from autocompress.costmodel.model import CostModel, FitReport, now_iso
-from autocompress.costmodel.space import SearchSpace
+from autocompress.costmodel.probes import ProbeSampler
 from autocompress.costmodel.target import Target
 from autocompress.costmodel.workload import PRESETS, Workload
 from autocompress.errors import AutoCompressError
@@ -316,7 +316,7 @@ def fit_cost_model(
     workloads = list(workloads or [PRESETS[name] for name in CPU_FIT_WORKLOADS])
     start = time.perf_counter()
     base_spec = arch_spec_of(base_config)
-    space = SearchSpace.around(base_spec)
+    space = ProbeSampler.around(base_spec)
     specs = space.probe_specs(n_probes, seed=seed)
     dtype = torch.float32 if target.dtype == "fp32" else torch.bfloat16
     reference = timing_reference(base_spec, dtype) if paired else None

@@ -66,7 +66,6 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
-from rich.progress import Progress
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
@@ -74,6 +73,7 @@ from transformers import DynamicCache
 from autocompress.arch import ArchSpec
 from autocompress.costmodel.workload import Workload
 from autocompress.hardware import RobustStat
+from autocompress.progress import Bar
 
 GB = 1e9
 
@@ -512,8 +512,7 @@ def measure_grid(
         if reference is not None else {}
     shuffler = random.Random(seed)
     rounds = warmup + repeats
-    with Progress(transient=True, disable=not progress) as bar:
-        task = bar.add_task(description, total=rounds * len(pairs))
+    with Bar(description, rounds * len(pairs), enabled=progress, transient=True) as bar:
         for round_index in range(rounds):
             order = list(pairs)
             shuffler.shuffle(order)
@@ -530,7 +529,7 @@ def measure_grid(
                     samples[w, m].add(run)
                     reference_prefills[w] += [t * 1e3 for t in run.reference_prefills]
                     reference_steps[w] += [t * 1e3 for t in run.reference_steps]
-                bar.advance(task)
+                bar.advance()
     results: list[list[Measurement]] = []
     for w, workload in enumerate(workloads):
         pooled = None if reference is None else {  # one reference, pooled over the workload

@@ -38,7 +38,7 @@ from autocompress.costmodel.measure import (
     timing_reference,
 )
 from autocompress.costmodel.model import CostModel
-from autocompress.costmodel.space import SearchSpace
+from autocompress.costmodel.probes import ProbeSampler
 from autocompress.costmodel.workload import Workload
 
 SCORED = {"ttft": "ttft_ms", "tpot": "tpot_ms", "memory": "memory_gb"}
@@ -97,7 +97,7 @@ class ValidationReport(BaseModel):
 
 def sample_specs(reference: ArchSpec, n: int, seed: int = 1000) -> list[ArchSpec]:
     """``n`` distinct heterogeneous specs from the default space, spread over depths."""
-    return SearchSpace.around(reference).sample_spread(n, random.Random(seed))
+    return ProbeSampler.around(reference).sample_spread(n, random.Random(seed))
 
 
 def score(

@@ -107,29 +107,25 @@ def _mean_with_stderr(entries: list[dict]) -> tuple[float | None, float | None, 
 
 
 class _Stages:
-    """A rich progress bar with one step per stage (quiet in tests)."""
+    """One progress step per stage (``progress.Bar``; quiet in tests), timing each."""
 
     def __init__(self, total: int, quiet: bool):
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from autocompress.progress import Bar
 
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                 TimeElapsedColumn(), disable=quiet, transient=False)
-        self.task = self.progress.add_task("evaluating", total=total)
+        self.bar = Bar("evaluating", total, enabled=not quiet)
         self.timings: dict[str, float] = {}
 
     def __enter__(self):
-        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.progress.__exit__(*exc)
+        self.bar.close()
 
     def run(self, label: str, fn, *args, **kwargs):
-        self.progress.update(self.task, description=label)
         start = time.perf_counter()
         out = fn(*args, **kwargs)
         self.timings[label] = round(time.perf_counter() - start, 2)
-        self.progress.advance(self.task)
+        self.bar.advance(info=label)
         return out
 
 

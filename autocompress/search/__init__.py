@@ -17,21 +17,27 @@ on one teacher (``SearchContext.build`` once, then ``run_search`` / ``run_minitr
 import importlib
 import sys
 import types
+from typing import TYPE_CHECKING, Any
 
-from autocompress.search.dnas import DNASConfig
-from autocompress.search.minitron import MinitronConfig
-from autocompress.search.run import SearchConfig, SearchContext, run_minitron, run_search
-from autocompress.search.space import SpaceConfig
+if TYPE_CHECKING:
+    from autocompress.search.dnas import DNASConfig
+    from autocompress.search.minitron import MinitronConfig
+    from autocompress.search.options import SpaceConfig
+    from autocompress.search.run import SearchConfig, SearchContext, run_minitron, run_search
 
-__all__ = [
-    "DNASConfig",
-    "MinitronConfig",
-    "SearchConfig",
-    "SearchContext",
-    "SpaceConfig",
-    "run_minitron",
-    "run_search",
-]
+# Name -> module, imported on first access: importing one module of the package
+# (the cost model reads ``search.options``) must not load the whole search.
+_EXPORTS = {
+    "DNASConfig": "autocompress.search.dnas",
+    "MinitronConfig": "autocompress.search.minitron",
+    "SearchConfig": "autocompress.search.run",
+    "SearchContext": "autocompress.search.run",
+    "SpaceConfig": "autocompress.search.options",
+    "run_minitron": "autocompress.search.run",
+    "run_search": "autocompress.search.run",
+}
+__all__ = ["DNASConfig", "MinitronConfig", "SearchConfig", "SearchContext", "SpaceConfig",
+           "run_minitron", "run_search"]
 
 
 class _CallableModule(types.ModuleType):
@@ -47,6 +53,11 @@ class _CallableModule(types.ModuleType):
 
     def __call__(self, *args, **kwargs):
         return importlib.import_module("autocompress.api").search(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _EXPORTS:
+            return getattr(importlib.import_module(_EXPORTS[name]), name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
 
 
 sys.modules[__name__].__class__ = _CallableModule

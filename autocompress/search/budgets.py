@@ -11,15 +11,15 @@ the workload's main metric (``Workload.main_metric``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from autocompress.costmodel.workload import Workload
 from autocompress.errors import AutoCompressError
-from autocompress.limits import Limits
+from autocompress.limits import LIMIT_OF_METRIC, Limits
 
 BUDGET_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "memory_gb")
 UNITS = {"ttft_ms": "ms", "tpot_ms": "ms", "e2e_ms": "ms", "memory_gb": "GB",
          "throughput_tok_s": "tok/s"}
-_LIMIT_OF_METRIC = {"ttft_ms": "max_ttft_ms", "tpot_ms": "max_tpot_ms", "e2e_ms": "max_e2e_ms",
-                    "memory_gb": "max_memory_gb", "throughput_tok_s": "min_throughput_tok_s"}
 
 
 def budgets_from_limits(limits: Limits, workload: Workload) -> dict[str, float]:
@@ -53,8 +53,25 @@ def limits_from_fraction(fraction: float, teacher_costs: dict[str, float],
                                 "which the cost model does not predict")
     value = teacher_costs[metric]
     bound = value / fraction if metric == "throughput_tok_s" else value * fraction
-    update = {_LIMIT_OF_METRIC[metric]: bound}
+    update = {LIMIT_OF_METRIC[metric]: bound}
     return (base or Limits()).model_copy(update=update)
+
+
+def resolve_limits(limits: Limits | None, budget_fraction: float | None,
+                   teacher_costs: Callable[[], dict[str, float]], workload: Workload) -> Limits:
+    """The limits a search runs under: ``limits`` plus, with ``budget_fraction``, a limit at
+    that fraction of the teacher's predicted cost (``teacher_costs()``, called only then)
+    on the workload's main metric. An error when that leaves no limit at all."""
+    limits = limits or Limits()
+    if budget_fraction is not None:
+        limits = limits_from_fraction(budget_fraction, teacher_costs(), workload, limits)
+    if limits.is_empty():
+        raise AutoCompressError(
+            "no limit was given",
+            hint="set --max-tpot-ms / --max-ttft-ms / --max-e2e-ms / --min-throughput / "
+            "--max-memory-gb, or --budget-fraction",
+        )
+    return limits
 
 
 def reachable_text(metric: str, smallest: float, limits: Limits, workload: Workload) -> str:

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from autocompress.arch import LayerSpec
+from autocompress.losses import kd_loss
 from autocompress.search.space import Choice, SearchSpace
 
 EPS = 1e-12
@@ -175,9 +175,7 @@ def choice_kl(masked, choice: Choice, batches: list[torch.Tensor],
     total = 0.0
     for batch, ref in zip(batches, reference, strict=True):
         logits = masked.forward_choice(batch, choice)
-        t = F.log_softmax(ref[:, :-1].float(), -1)
-        s = F.log_softmax(logits[:, :-1].float(), -1)
-        total += float((t.exp() * (t - s)).sum(-1).mean())
+        total += float(kd_loss(logits[:, :-1], ref[:, :-1]))
     return total / len(batches)
 
 

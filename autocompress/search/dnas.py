@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.errors import AutoCompressError
+from autocompress.losses import kd_loss
 from autocompress.search.masked import MaskedTeacher
 from autocompress.search.space import Choice, SearchSpace
 
@@ -180,13 +181,6 @@ def expected_budget_costs(costs, metrics: list[str], p_attention: torch.Tensor,
     return out
 
 
-def _kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over tokens of KL(teacher ‖ student) in nats."""
-    t = F.log_softmax(teacher_logits.float(), dim=-1)
-    s = F.log_softmax(student_logits.float(), dim=-1)
-    return (t.exp() * (t - s)).sum(-1).mean()
-
-
 def _penalty(g: torch.Tensor, lam: float, rho: float) -> torch.Tensor:
     """PHR augmented-Lagrangian term of one inequality g ≤ 0."""
     return (torch.clamp(lam + rho * g, min=0.0) ** 2 - lam**2) / (2.0 * rho)
@@ -258,7 +252,7 @@ class DNAS:
 
         teacher_logits, teacher_hidden = teacher or self.teacher_outputs(batch)
         student_logits, student_hidden = self.masked(batch, w_h, w_a, w_f, return_hidden=True)
-        kl = _kl(teacher_logits[:, :-1], student_logits[:, :-1])
+        kl = kd_loss(student_logits[:, :-1], teacher_logits[:, :-1])
         loss = kl
         hidden_term = torch.zeros(())
         if cfg.hidden_weight > 0:

@@ -33,7 +33,8 @@ from autocompress.arch import ArchSpec
 from autocompress.errors import AutoCompressError
 from autocompress.importance import CalibrationConfig, Importance
 from autocompress.limits import Limits
-from autocompress.search.budgets import budgets_from_limits, limits_from_fraction, reachable_text
+from autocompress.progress import Bar
+from autocompress.search.budgets import budgets_from_limits, reachable_text, resolve_limits
 from autocompress.search.discretize import (
     Discretized,
     measured_job_list,
@@ -181,17 +182,8 @@ class SearchContext:
         return self.cost_model.predict(self.space.teacher, self.workload).metrics()
 
     def resolve_limits(self, limits: Limits | None, budget_fraction: float | None) -> Limits:
-        limits = limits or Limits()
-        if budget_fraction is not None:
-            limits = limits_from_fraction(budget_fraction, self.teacher_costs(), self.workload,
-                                          limits)
-        if limits.is_empty():
-            raise AutoCompressError(
-                "no limit was given",
-                hint="set --max-tpot-ms / --max-ttft-ms / --max-e2e-ms / --min-throughput / "
-                "--max-memory-gb, or --budget-fraction",
-            )
-        return limits
+        """``budgets.resolve_limits`` with this teacher's predicted costs."""
+        return resolve_limits(limits, budget_fraction, self.teacher_costs, self.workload)
 
 
 # ------------------------------------------------------------------ outcomes
@@ -295,7 +287,7 @@ def run_search(
 
     data = ctx.calibration(config.dnas.seq_len)
     dnas = DNAS(ctx.masked, costs, budgets, config.dnas)
-    bar = _Bar("search", config.dnas.steps, progress)
+    bar = Bar("search", config.dnas.steps, progress)
     result = dnas.run(
         lambda step: data.batch_at(step, config.dnas.batch_size, config.dnas.seed),
         checkpoint_dir=work_dir, max_steps_this_run=max_steps_this_run,
@@ -310,7 +302,7 @@ def run_search(
     option_scores = None
     if config.score == "measured":
         jobs = measured_job_list(space, anchor, config.score_radius)
-        bar = _Bar("scores", len(jobs), progress)
+        bar = Bar("scores", len(jobs), progress)
         count = [0]
 
         def tick():
@@ -455,37 +447,6 @@ def _step_info(rec: dict[str, Any]) -> str:
 
 def _interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("AUTOCOMPRESS_QUIET")
-
-
-class _Bar:
-    """A rich progress bar on a terminal, a line every 10% otherwise (quiet in tests)."""
-
-    def __init__(self, description: str, total: int, enabled: bool):
-        self.description, self.total = description, max(1, total)
-        self.quiet = not enabled or bool(os.environ.get("AUTOCOMPRESS_QUIET"))
-        self.bar = None
-        self.last_print = -1
-        if not self.quiet and sys.stderr.isatty():
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                TextColumn("{task.completed}/{task.total}"),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
-            self.bar.start()
-            self.task = self.bar.add_task(description, total=self.total, info="")
-
-    def update(self, done: int, info: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=done, info=info)
-        elif not self.quiet:
-            decile = done * 10 // self.total
-            if decile != self.last_print:
-                self.last_print = decile
-                print(f"[{self.description}] {done}/{self.total} {info}", flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 # ------------------------------------------------------------------ files

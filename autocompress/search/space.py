@@ -32,47 +32,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 from autocompress.errors import AutoCompressError
 from autocompress.importance import Importance
 from autocompress.prune import select_heads
-
-
-class SpaceConfig(BaseModel):
-    """Which options the search space offers."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    hidden_fractions: list[float] = Field(
-        default=[1.0, 0.875, 0.75, 0.625, 0.5],
-        description="Global hidden sizes as fractions of the teacher's.",
-    )
-    ffn_fractions: list[float] = Field(
-        default=[1.0, 0.875, 0.75, 0.625, 0.5, 0.375, 0.25, 0.125],
-        description="FFN widths as fractions of the teacher's.",
-    )
-    head_fractions: list[float] = Field(
-        default=[1.0, 0.75, 0.5, 0.25],
-        description="Query heads per KV head, as fractions of what its KV cluster holds.",
-    )
-    kv_reduction: bool = Field(
-        default=True, description="Also offer fewer KV groups (mean-pooled clusters)."
-    )
-    allow_no_attention: bool = Field(default=True, description="Offer removing attention.")
-    allow_no_ffn: bool = Field(default=True, description="Offer removing the FFN.")
-    protect_first_last: bool = Field(
-        default=True, description="The first and last layers keep both blocks."
-    )
-    granularity: int = Field(
-        default=16, ge=1, description="Hidden sizes (and FFN widths) are multiples of this."
-    )
-    ffn_granularity: int | None = Field(
-        default=None, ge=1,
-        description="FFN widths are multiples of this (None = granularity); 256 suits the "
-        "nemotron-nas ffn_mult export.",
-    )
+from autocompress.search.options import SpaceConfig, space_options
 
 
 @dataclass(frozen=True)
@@ -93,16 +58,6 @@ class Choice:
         if kind == "attention":
             return Choice(self.hidden, tuple(values), self.ffn)
         return Choice(self.hidden, self.attention, tuple(values))
-
-
-def _round_to(value: float, multiple: int, upper: int) -> int:
-    """``value`` rounded to a multiple of ``multiple``, at least one multiple, at most upper."""
-    rounded = max(multiple, int(round(value / multiple)) * multiple)
-    return min(rounded, upper)
-
-
-def _divisors_desc(n: int) -> list[int]:
-    return [d for d in range(n, 0, -1) if n % d == 0]
 
 
 @dataclass
@@ -138,24 +93,11 @@ class SearchSpace:
         """The space of ``teacher`` (a homogeneous Llama-family spec) under ``config``."""
         config = config or SpaceConfig()
         _check_teacher(teacher, importance)
-        att0, ffn0 = teacher.layers[0].attention, teacher.layers[0].ffn
-        h, width = teacher.hidden_size, ffn0.intermediate_size
-        gran = config.granularity
-
-        hidden = _unique_desc(_round_to(h * f, gran, h) for f in config.hidden_fractions)
-        ffn_gran = config.ffn_granularity or gran
-        ffn_widths = _unique_desc(_round_to(width * f, ffn_gran, width)
-                                  for f in config.ffn_fractions)
-        hidden = _ensure_first(hidden, h)
-        ffn_widths = _ensure_first(ffn_widths, width)
-        attention = _attention_options(att0, config)
-        attention_opts: list[AttentionSpec | None] = list(attention)
-        ffn_opts: list[FFNSpec | None] = [FFNSpec(intermediate_size=w) for w in ffn_widths]
-        if config.allow_no_attention:
-            attention_opts.append(None)
-        if config.allow_no_ffn:
-            ffn_opts.append(None)
-        variants = sorted({a.num_kv_heads for a in attention}, reverse=True)
+        att0 = teacher.layers[0].attention
+        hidden, attention_opts, ffn_opts = space_options(teacher, config)
+        ffn_widths = [o.intermediate_size for o in ffn_opts if o is not None]
+        variants = sorted({a.num_kv_heads for a in attention_opts if a is not None},
+                          reverse=True)
 
         space = cls(
             teacher=teacher,
@@ -251,32 +193,6 @@ def _check_teacher(teacher: ArchSpec, importance: Importance) -> None:
     att = first.attention
     if att.num_heads % att.num_kv_heads:
         raise AutoCompressError(f"teacher has {att.num_heads} heads for {att.num_kv_heads} groups")
-
-
-def _unique_desc(values) -> list[int]:
-    return sorted(set(values), reverse=True)
-
-
-def _ensure_first(values: list[int], full: int) -> list[int]:
-    """The teacher's own size is always option 0 (so the space contains the teacher)."""
-    return [full] + [v for v in values if v != full]
-
-
-def _attention_options(teacher_att: AttentionSpec, config: SpaceConfig) -> list[AttentionSpec]:
-    groups = teacher_att.num_kv_heads
-    per_group = teacher_att.num_heads // groups
-    kv_choices = _divisors_desc(groups) if config.kv_reduction else [groups]
-    options: list[AttentionSpec] = []
-    for kv in kv_choices:
-        per_cluster = per_group * (groups // kv)
-        fractions = sorted(set(config.head_fractions) | {1.0}, reverse=True) if kv == groups \
-            else sorted(set(config.head_fractions), reverse=True)
-        counts = _unique_desc(max(1, int(round(per_cluster * f))) for f in fractions)
-        for g in counts:
-            spec = AttentionSpec(num_heads=kv * g, num_kv_heads=kv)
-            if spec not in options:
-                options.append(spec)
-    return options
 
 
 def _prefix_masks(order: torch.Tensor, sizes: list[int], rows: int | None = None) -> torch.Tensor:

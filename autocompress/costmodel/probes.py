@@ -1,16 +1,11 @@
-"""A default search space around a teacher, for probing and validating cost models.
+"""Architectures to fit and validate cost models on, drawn from the search's space.
 
-The search (issue 5) owns the real choice sets; this one mirrors ``search.space`` so
-that fitting and validation see the architectures the search will produce:
-
-- hidden size: 100%, 87.5%, 75%, 62.5%, 50% of the teacher's (multiples of 16);
-- attention per layer: ``kv`` KV groups (each divisor of the teacher's count)
-  × ``g`` query heads per group (1 … teacher's), or removed;
-- FFN per layer: 100%, 75%, 50%, 25% of the teacher's width (multiples of 16),
-  or removed.
-
-``sample`` draws heterogeneous specs (each block independently, removals with a
-small probability, the first layer always keeps attention so the model is legal).
+The options are the search's own (``search.options.space_options`` with the default
+``SpaceConfig``: hidden sizes, attention as KV groups × query heads per group, FFN
+widths, each block removable), so fitting and validation see the architectures the
+search will produce. ``sample`` draws heterogeneous specs (each block independently,
+removals with a given probability, the first layer always keeps attention so the model
+is legal); ``probe_specs`` is the designed probe set of a fit.
 """
 
 from __future__ import annotations
@@ -21,46 +16,29 @@ from typing import Any
 
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 
-HIDDEN_FRACTIONS = (1.0, 0.875, 0.75, 0.625, 0.5)
 # Block-removal probabilities of the i-th of n sampled specs run evenly over
 # [0, MAX_REMOVAL): samples span shallow to full-depth models, as the search's
 # results do at tight and loose budgets. (A fixed low probability gave nearly
 # all samples full depth, a narrow cost range in which a ranking says little.)
 MAX_REMOVAL = 0.6
-FFN_FRACTIONS = (1.0, 0.75, 0.5, 0.25)
-
-
-def _round_to(value: float, multiple: int) -> int:
-    return max(multiple, int(round(value / multiple)) * multiple)
 
 
 @dataclass(frozen=True)
-class SearchSpace:
+class ProbeSampler:
+    """Draws architectures around ``reference`` from the search's options."""
+
     reference: ArchSpec
     hidden_options: tuple[int, ...]
     attention_options: tuple[AttentionSpec | None, ...]  # None (removed) last
     ffn_options: tuple[FFNSpec | None, ...]  # None (removed) last
 
     @classmethod
-    def around(cls, reference: ArchSpec, multiple: int = 16) -> SearchSpace:
-        """The default space of a (homogeneous or not) teacher spec."""
-        h = reference.hidden_size
-        hidden = tuple(dict.fromkeys(_round_to(h * f, multiple) for f in HIDDEN_FRACTIONS))
-        first_att = next(layer.attention for layer in reference.layers if layer.attention)
-        width = max(layer.ffn.intermediate_size for layer in reference.layers if layer.ffn)
-        groups = first_att.num_heads // first_att.num_kv_heads
-        kv_choices = [k for k in range(1, first_att.num_kv_heads + 1)
-                      if first_att.num_kv_heads % k == 0]
-        attention = tuple(
-            AttentionSpec(num_heads=kv * g, num_kv_heads=kv)
-            for kv in sorted(kv_choices, reverse=True)
-            for g in range(groups, 0, -1)
-        )
-        ffn = tuple(
-            FFNSpec(intermediate_size=w)
-            for w in dict.fromkeys(_round_to(width * f, multiple) for f in FFN_FRACTIONS)
-        )
-        return cls(reference, hidden, (*attention, None), (*ffn, None))
+    def around(cls, reference: ArchSpec, multiple: int = 16) -> ProbeSampler:
+        """The search's default space around ``reference`` (sizes: multiples of ``multiple``)."""
+        from autocompress.search.options import SpaceConfig, space_options
+
+        hidden, attention, ffn = space_options(reference, SpaceConfig(granularity=multiple))
+        return cls(reference, tuple(hidden), tuple(attention), tuple(ffn))
 
     def sample(self, rng: random.Random, p_remove: float = 0.15) -> ArchSpec:
         """One heterogeneous spec drawn from the space."""
