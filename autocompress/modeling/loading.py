@@ -9,7 +9,6 @@ the surgery (importance, pruning, export) relies on that exact block structure.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +66,8 @@ def load_causal_lm(
 ) -> tuple[PreTrainedModel, Any | None]:
     """Load a supported causal LM (eval mode) and its tokenizer (None if it has none).
 
-    ``path_or_id``: a model directory, ``default`` (the bundled teacher) or a hub
-    id (only where a network is available).
+    ``path_or_id``: a model directory, a named teacher (``default``,
+    ``smollm2-135m``) or a hub id (only where a network is available).
     """
     source = _resolve_source(path_or_id)
     config = _load_config(source)
@@ -109,25 +108,10 @@ def check_supported(config: Any) -> None:
 
 
 def _resolve_source(path_or_id: str | Path) -> str:
-    text = str(path_or_id)
-    looks_like_path = (
-        text == "default" or os.sep in text or text.startswith(".") or Path(text).exists()
-    )
-    if not looks_like_path and text.count("/") == 1:
-        return text  # a hub id: "org/name"
-    try:
-        from autocompress.paths import resolve_model_dir
-    except ImportError:  # pragma: no cover - paths.py is the lead's and normally present
-        resolve_model_dir = None
-    if resolve_model_dir is not None:
-        return str(resolve_model_dir(text))
-    path = Path(text)
-    if not (path / "config.json").is_file():
-        raise AutoCompressError(
-            f"model directory {path} does not exist or has no config.json",
-            hint="pass a directory made by save_pretrained",
-        )
-    return str(path)
+    """A named teacher, a local directory or a hub id, as a local directory."""
+    from autocompress.paths import resolve_model_dir
+
+    return str(resolve_model_dir(path_or_id))
 
 
 def _load_config(source: str) -> Any:
@@ -154,7 +138,7 @@ def _load_config(source: str) -> Any:
     except (OSError, ValueError) as err:
         raise AutoCompressError(
             f"could not read the model config of {source}: {_first_line(err)}",
-            hint="pass a local model directory (there is no network for hub ids here)",
+            hint="pass a Hugging Face model directory made by save_pretrained",
         ) from err
 
 
