@@ -36,8 +36,9 @@ app = typer.Typer(
     help=(
         "Compress a decoder-only LLM (Llama, Mistral, Qwen2/3) so that it meets "
         "latency, throughput and memory limits on a target GPU/CPU and serving "
-        "engine, keeping as much accuracy as possible. Pass `default` wherever a "
-        "model is asked for to use the bundled code teacher."
+        "engine, keeping as much accuracy as possible. Wherever a model is asked for, "
+        "pass a directory, a hub id, or a named teacher: `default` (the bundled code "
+        "teacher) or `smollm2-135m` (SmolLM2-135M-Instruct, built from an installed GGUF)."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -51,7 +52,8 @@ for _name in COMMAND_MODULES:
 def main() -> None:
     """Entry point: run the app, report user errors in one line."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Not HF_HUB_OFFLINE: a hub id (org/name) given by the user is fetched where a
+    # network exists; named teachers and local directories never touch the hub.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         app()

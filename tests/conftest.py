@@ -19,6 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("AUTOCOMPRESS_QUIET", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 torch.set_num_threads(1)
 
 _TINY_FILES = [
@@ -71,3 +72,19 @@ def tiny_tokenizer(tiny_corpus):
 
     docs = load_documents(tiny_corpus, "train")
     return train_tokenizer((d.text for d in docs), vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """Prefect's test harness (one temporary server and database for the session)."""
+    from prefect.settings import (
+        PREFECT_SERVER_ANALYTICS_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+    from prefect.testing.utilities import prefect_test_harness
+
+    with temporary_settings({PREFECT_SERVER_ANALYTICS_ENABLED: False,
+                             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 600}):
+        with prefect_test_harness(server_startup_timeout=600):
+            yield

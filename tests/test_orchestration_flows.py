@@ -145,21 +145,6 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def prefect_server():
-    from prefect.settings import (
-        PREFECT_SERVER_ANALYTICS_ENABLED,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        temporary_settings,
-    )
-    from prefect.testing.utilities import prefect_test_harness
-
-    with temporary_settings({PREFECT_SERVER_ANALYTICS_ENABLED: False,
-                             PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 600}):
-        with prefect_test_harness(server_startup_timeout=600):
-            yield
-
-
-@pytest.fixture(scope="session")
 def mlflow_db_template(tmp_path_factory) -> Path:
     """An MLflow sqlite database with its schema created once (migrations cost ~10 s)."""
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"

@@ -43,8 +43,9 @@ def register(app: typer.Typer) -> None:
 
 
 def run(
-    teacher: str = typer.Option("default", help="`default` (the bundled code teacher), a model "
-                                "directory, or models:/NAME/VERSION from the MLflow registry."),
+    teacher: str = typer.Option("default", help="A named teacher (`default`, `smollm2-135m`), a "
+                                "model directory, a hub id, or models:/NAME/VERSION from the "
+                                "MLflow registry."),
     target: str = typer.Option("cpu-local/hf-eager/fp32",
                                help="Hardware/engine/dtype the model must run on."),
     workload: str = typer.Option("local-coding-cpu", help="Workload preset name."),

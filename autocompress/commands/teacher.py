@@ -63,6 +63,8 @@ def train(
     tokens: int = typer.Option(3_000_000, help="Training token budget."),
     out: Path = typer.Option(None, help="Output model dir (default: the bundled teacher dir)."),
     threads: int = typer.Option(2, help="torch intra-op threads."),
+    config: str = typer.Option(None, help="TeacherConfig overrides as JSON, e.g. "
+                               '\'{"num_layers": 4, "vocab_size": 2048}\'.'),
     corpus: Path = typer.Option(None, help="Corpus dir (default $AUTOCOMPRESS_HOME/corpus)."),
     eval_tasks: str = typer.Option(None, help="Benchmarks for the teacher's scores "
                                    "(default: the local suite)."),
@@ -79,9 +81,9 @@ def train(
     its last checkpoint when started again with the same settings.
     """
     from autocompress.paths import default_teacher_dir, home
-    from autocompress.teacher import TeacherConfig, train_teacher
+    from autocompress.teacher import train_teacher
 
-    cfg = TeacherConfig(tokens=tokens, threads=threads)
+    cfg = _teacher_config(config, tokens=tokens, threads=threads)
     out = out or default_teacher_dir()
     if no_prefect:
         train_teacher(out, cfg, home() / "teacher-work", corpus_dir=corpus)
@@ -98,6 +100,23 @@ def train(
     record = json.loads((out / "training.json").read_text())
     typer.echo(f"teacher written to {out}: {record['params']:,} parameters, "
                f"{record['tokens_seen']:,} tokens, held-out {record['final_eval']}")
+
+
+def _teacher_config(text: str | None, **fields):
+    """TeacherConfig from --config JSON plus the explicit options; bad JSON is a user error."""
+    from pydantic import ValidationError
+
+    from autocompress.errors import AutoCompressError
+    from autocompress.teacher import TeacherConfig
+
+    try:
+        overrides = json.loads(text) if text else {}
+        return TeacherConfig.model_validate({**overrides, **fields})
+    except (ValueError, ValidationError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise AutoCompressError(f"bad --config: {first}",
+                                'pass JSON of TeacherConfig fields, e.g. \'{"num_layers": 4}\''
+                                ) from None
 
 
 @teacher_app.command("card")
