@@ -37,7 +37,8 @@ from pydantic import BaseModel, Field
 from autocompress import distributed
 from autocompress.errors import AutoCompressError
 from autocompress.losses import kd_loss
-from autocompress.training import TrainConfig, TrainState, bf16_is_fast, train
+from autocompress.teacher_outputs import TeacherOutputs, cached_kd_loss, model_digest, tensor_digest
+from autocompress.training import TrainConfig, TrainState, train
 
 # Config fields that may change when a run resumes: they do not alter the losses
 # (the global batch stays the same whatever the processes and accumulation).
@@ -71,8 +72,11 @@ class DistillConfig(BaseModel):
     eval_batches: int = Field(8, ge=1, description="Held-out batches (of batch_size) per eval.")
     ckpt_every: int = Field(50, ge=1)
     seed: int = 0
-    # bf16 autocast, applied only where the hardware has bf16 (training.bf16_is_fast).
+    # bf16 autocast where it is faster: measured at the start of each run on this
+    # machine (a few student steps each way), not read off a CPU feature list.
     bf16: bool = True
+    teacher_topk: int = Field(64, ge=0, description="Cache the teacher's top-k log-probs per "
+                              "batch once and reuse them (0 = run the teacher live).")
     parallel: Literal["ddp", "fsdp"] = "ddp"
     keep_checkpoints: bool = False
 
@@ -80,14 +84,12 @@ class DistillConfig(BaseModel):
     def steps(self) -> int:
         return max(1, math.ceil(self.tokens / (self.batch_size * self.seq_len)))
 
-    def use_bf16(self, device: torch.device) -> bool:
-        return self.bf16 and bf16_is_fast(device)
-
-    def train_config(self) -> TrainConfig:
+    def train_config(self, bf16: bool | None = None) -> TrainConfig:
+        """The loop's settings; ``bf16``: the decision taken for this run (default: asked)."""
         return TrainConfig(
             max_steps=self.steps, lr=self.lr, min_lr_ratio=self.min_lr_ratio,
             warmup_steps=min(self.warmup_steps, self.steps), weight_decay=self.weight_decay,
-            grad_clip=self.grad_clip, bf16=self.bf16, seed=self.seed,
+            grad_clip=self.grad_clip, bf16=self.bf16 if bf16 is None else bf16, seed=self.seed,
             ckpt_every=self.ckpt_every, eval_every=self.eval_every,
             grad_accum=self.grad_accum, parallel=self.parallel,
         )
@@ -155,6 +157,8 @@ class DistillResult(BaseModel):
     seconds: float
     world_size: int
     bf16: bool = False
+    bf16_probe: dict[str, float] = {}
+    teacher_outputs: dict = {}
     final_loss: float
     teacher_eval: dict[str, float] = {}
     initial_eval: dict[str, float] = {}
@@ -309,6 +313,8 @@ def distill(
     resume: bool = False,
     work_dir: Path | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    teacher_id: str | None = None,
+    outputs_dir: Path | None = None,
 ) -> DistillResult:
     """Distil ``teacher`` into ``student`` for ``config.tokens`` tokens.
 
@@ -318,7 +324,9 @@ def distill(
     than silently overwritten; resuming a run that already finished returns
     its record. Under ``torchrun`` every rank calls this with the same
     arguments; only rank 0 writes. ``on_step(step, loss)`` runs after every
-    optimizer step (tests interrupt runs from it).
+    optimizer step (tests interrupt runs from it). ``teacher_id`` names the
+    teacher in the key of its cached outputs (default: a hash of its weights);
+    ``outputs_dir`` is where they live (default ``$AUTOCOMPRESS_HOME/teacher-outputs``).
     """
     ctx = distributed.context()
     out_dir, work_dir = Path(out_dir), Path(work_dir or default_work_dir(out_dir))
@@ -339,14 +347,16 @@ def distill(
     trainable = [p.requires_grad for p in teacher.parameters()]
     was_training = teacher.training
     try:
-        state, reference = _run(teacher, module, data, config, work_dir, layer_map, device,
-                                fsdp, ctx, on_step)
+        state, reference, run_info = _run(teacher, module, data, config, work_dir, layer_map,
+                                          device, fsdp, ctx, on_step, teacher_id, outputs_dir)
     finally:
         for param, flag in zip(teacher.parameters(), trainable, strict=True):
             param.requires_grad_(flag)
         teacher.train(was_training)
     result = _result(out_dir, state, config, layer_map, reference, ctx)
-    result.bf16 = config.use_bf16(device)
+    result.bf16 = run_info["bf16"]
+    result.bf16_probe = run_info["bf16_probe"]
+    result.teacher_outputs = run_info["teacher_outputs"]
     weights = _student_weights(module) if fsdp else None  # collective
     if ctx.is_main:
         # FSDP left the student's parameters sharded: rebuild a plain copy to save.
@@ -359,8 +369,8 @@ def distill(
 
 
 def _run(teacher, module, data: DistillData, config: DistillConfig, work_dir: Path,
-         layer_map: dict[int, int], device, fsdp: bool, ctx, on_step):
-    """Reference scores, then the training loop; returns (TrainState, reference)."""
+         layer_map: dict[int, int], device, fsdp: bool, ctx, on_step, teacher_id, outputs_dir):
+    """Reference scores, then the training loop; returns (TrainState, reference, run info)."""
     teacher = _place_teacher(teacher, device, fsdp, ctx)
     eval_batches = _eval_batches(data.heldout, config.eval_batches, config.batch_size)
     eval_fn = make_eval_fn(teacher, eval_batches, device) if eval_batches else None
@@ -368,14 +378,114 @@ def _run(teacher, module, data: DistillData, config: DistillConfig, work_dir: Pa
     reference = _reference_evals(work_dir, teacher, None if fsdp else module,
                                  eval_batches, device, ctx)
 
+    def batch_fn(step: int) -> torch.Tensor:
+        return data.train.batch_at(step, config.batch_size, config.seed)
+
+    outputs = _teacher_outputs(teacher, data, config, layer_map, ctx, teacher_id, outputs_dir,
+                               batch_fn)
+    if outputs is not None:
+        outputs.ensure(teacher, config.steps, device)
+        loss = CachedTeacherLoss(outputs, batch_fn, config.temperature, device)
+        loss_fn, batch_fn = loss, loss.batch
+    else:
+        loss_fn = make_loss_fn(teacher, config, layer_map)
+    use_bf16, probe = choose_bf16(module, loss_fn, batch_fn, config, device, ctx)
     state = train(
-        module, make_loss_fn(teacher, config, layer_map),
-        lambda step: data.train.batch_at(step, config.batch_size, config.seed),
-        config.train_config(), ckpt_dir=work_dir / "checkpoints", eval_fn=eval_fn,
+        module, loss_fn, batch_fn,
+        config.train_config(bf16=use_bf16), ckpt_dir=work_dir / "checkpoints", eval_fn=eval_fn,
         on_step=on_step, tokens_per_step=config.batch_size * config.seq_len,
         description="distill",
     )
-    return state, reference
+    info = {"bf16": use_bf16, "bf16_probe": probe, "teacher_outputs": {}}
+    if outputs is not None:
+        info["teacher_outputs"] = {
+            "dir": str(outputs.dir), "topk": outputs.topk,
+            "steps_built": outputs.built_steps, "build_seconds": round(outputs.build_seconds, 3),
+            "steps_reused": max(0, config.steps - outputs.built_steps)}
+    return state, reference, info
+
+
+# ---------------------------------------------------------------- teacher outputs and bf16
+
+
+def _teacher_outputs(teacher, data: DistillData, config: DistillConfig, layer_map, ctx,
+                     teacher_id: str | None, outputs_dir: Path | None,
+                     batch_fn) -> TeacherOutputs | None:
+    """The on-disk teacher outputs for this run, or None where they do not apply.
+
+    Not with hidden-state matching (those need the teacher's hidden states) nor
+    under torchrun (each rank sees other rows); there the teacher runs live.
+    """
+    windows = getattr(data.train, "windows", None)
+    if config.teacher_topk == 0 or layer_map or ctx.enabled or windows is None:
+        return None
+    from autocompress.paths import home
+
+    topk = min(config.teacher_topk, int(teacher.config.vocab_size))
+    key = {"format": 1, "teacher": teacher_id or model_digest(teacher),
+           "data": tensor_digest(windows), "batches": type(data.train).__name__,
+           "batch_size": config.batch_size, "seed": config.seed, "topk": topk,
+           "temperature": config.temperature}
+    root = Path(outputs_dir) if outputs_dir else home() / "teacher-outputs"
+    return TeacherOutputs(root, key, batch_fn, topk, config.temperature)
+
+
+class CachedTeacherLoss:
+    """The KD loss read from cached teacher outputs (``training.train``'s loss_fn).
+
+    ``batch(step)`` is the loop's batch function: it remembers the step, so that
+    each micro-batch (``grad_accum`` > 1 splits a step's rows in order) is matched
+    to its rows of the cache; the token ids are checked against the cache's.
+    """
+
+    def __init__(self, outputs: TeacherOutputs, batch_fn, temperature: float, device):
+        self.outputs, self.batch_fn = outputs, batch_fn
+        self.temperature, self.device = temperature, device
+        self.step, self.row = -1, 0
+
+    def batch(self, step: int) -> torch.Tensor:
+        self.step, self.row = step, 0
+        return self.batch_fn(step)
+
+    def __call__(self, engine: torch.nn.Module, micro: torch.Tensor) -> torch.Tensor:
+        rows = self.outputs.rows(self.step, self.row, len(micro))
+        self.row += len(micro)
+        if not torch.equal(rows["tokens"].long(), micro.cpu().long()):
+            raise RuntimeError(f"cached teacher outputs of step {self.step} do not match "
+                               "the batch (the cache key missed a change in the data)")
+        logits, _ = engine(micro)
+        return cached_kd_loss(logits, rows["values"].to(self.device),
+                              rows["indices"].to(self.device), rows["tail"].to(self.device),
+                              self.temperature)
+
+
+def choose_bf16(module, loss_fn, batch_fn, config: DistillConfig, device, ctx,
+                rows: int = 2, repeats: int = 2) -> tuple[bool, dict[str, float]]:
+    """bf16 autocast or fp32, whichever trains faster here: timed, not assumed.
+
+    CPUs differ (AVX2 emulates bf16 and runs it slower; AVX-512/AMX runs it
+    faster), so a few forward/backward passes on ``rows`` sequences of the first
+    batch are timed each way, interleaved; bf16 must win by 5%. GPUs use bf16
+    where supported; under torchrun, too, the measurement is skipped.
+    """
+    if not config.bf16:
+        return False, {}
+    if device.type == "cuda" or ctx.enabled:
+        return (device.type != "cuda" or torch.cuda.is_bf16_supported()), {}
+    import time
+
+    seconds = {"fp32": [], "bf16": []}
+    for _ in range(repeats + 1):  # the first round warms up
+        for mode in ("fp32", "bf16"):
+            sample = batch_fn(0)[:rows].to(device)  # (re)sets a cached loss to step 0
+            started = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mode == "bf16"):
+                loss = loss_fn(module, sample)
+            loss.backward()
+            seconds[mode].append(time.perf_counter() - started)
+    module.zero_grad(set_to_none=True)
+    probe = {f"{mode}_s": min(times[1:]) for mode, times in seconds.items()}
+    return probe["bf16_s"] < 0.95 * probe["fp32_s"], probe
 
 
 def _finished_run(out_dir: Path, work_dir: Path, config: DistillConfig) -> DistillResult | None:

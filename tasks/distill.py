@@ -33,10 +33,17 @@ def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
     work_dir = ctx.checkpoint_dir() / "distill"
     resume = (work_dir / "checkpoints" / "last").exists()
     out_dir = ctx.scratch() / "model"
+    # The teacher's cached outputs are keyed by its artifact hash: every student of
+    # this teacher on this corpus (the baseline, sweeps, re-runs) reuses them.
     result = distill(teacher_model, student_model, data, config, out_dir, tokenizer=tokenizer,
-                     resume=resume, work_dir=work_dir)
+                     resume=resume, work_dir=work_dir, teacher_id=teacher.sha256)
     metrics = {f"final_{k}": float(v) for k, v in result.final_eval.items()}
     metrics.update({f"initial_{k}": float(v) for k, v in result.initial_eval.items()})
     metrics["params"] = float(sum(p.numel() for p in student_model.parameters()))
+    metrics["tokens_per_s"] = result.tokens_seen / max(result.seconds, 1e-9)
+    metrics["bf16"] = float(result.bf16)
+    if result.teacher_outputs:
+        metrics["teacher_outputs_build_s"] = result.teacher_outputs["build_seconds"]
+        metrics["teacher_outputs_steps_reused"] = float(result.teacher_outputs["steps_reused"])
     return ctx.publish(out_dir, "model", name="model", metrics=metrics, move=True,
                        meta={"resumed": resume, **student.meta})

@@ -61,8 +61,13 @@ def distill_command(
     seed: int = typer.Option(0, help="Seed for data order and initialisation."),
     bf16: bool = typer.Option(
         True, "--bf16/--no-bf16",
-        help="bf16 autocast, applied only where the hardware has bf16 (GPUs, AVX512 CPUs); "
-        "emulated bf16 is several times slower than fp32.",
+        help="bf16 autocast where it is faster: timed against fp32 at the start of the run "
+        "(emulated bf16 on AVX2-only CPUs is slower than fp32).",
+    ),
+    teacher_topk: int = typer.Option(
+        64, help="Cache the teacher's top-k log-probabilities per batch under "
+        "$AUTOCOMPRESS_HOME/teacher-outputs and reuse them for every student on the same "
+        "teacher and data (0 = run the teacher live).",
     ),
     fsdp: bool = typer.Option(
         False, "--fsdp",
@@ -98,7 +103,8 @@ def distill_command(
             lr=lr, warmup_steps=warmup_steps, temperature=temperature, alpha=alpha,
             layer_map=_parse_layer_map(layer_map), eval_every=eval_every,
             eval_batches=eval_batches, ckpt_every=ckpt_every, seed=seed, bf16=bf16,
-            parallel="fsdp" if fsdp else "ddp", keep_checkpoints=keep_checkpoints,
+            teacher_topk=teacher_topk, parallel="fsdp" if fsdp else "ddp",
+            keep_checkpoints=keep_checkpoints,
         )
         teacher_model, teacher_tok = load_causal_lm(teacher)
         student_model, student_tok = load_causal_lm(student)
@@ -154,4 +160,14 @@ def _print_distill_summary(result) -> None:
         table.add_row(key, *("-" if v is None else f"{v:.4f}" for v in row))
     console = Console()
     console.print(table)
+    speed = result.tokens_seen / max(result.seconds, 1e-9)
+    probe = result.bf16_probe
+    timed = (f" (timed: fp32 {probe['fp32_s']:.3f} s, bf16 {probe['bf16_s']:.3f} s per probe)"
+             if probe else "")
+    console.print(f"{speed:,.0f} tokens/s in {'bf16' if result.bf16 else 'fp32'}{timed}")
+    cache = result.teacher_outputs
+    if cache:
+        console.print(f"teacher outputs (top-{cache['topk']}): {cache['steps_reused']} steps "
+                      f"reused, {cache['steps_built']} computed in {cache['build_seconds']:.0f} "
+                      f"s, in {cache['dir']}")
     console.print(f"wrote {result.out_dir}")
