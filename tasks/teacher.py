@@ -32,10 +32,22 @@ def publish_teacher(ctx: StageContext, teacher_dir: Path, label: str = "") -> Ar
     if not (teacher_dir / "config.json").exists():
         raise AutoCompressError(f"{teacher_dir} is not a Hugging Face model directory",
                                 "pass a directory made by save_pretrained, or `default`")
-    meta = {"label": label or str(teacher_dir), **_model_meta(teacher_dir)}
+    meta = {"label": label or str(teacher_dir), **_model_meta(teacher_dir),
+            **_provenance(teacher_dir)}
     ctx.log_params({"teacher": meta})
     return ctx.publish(teacher_dir, "teacher", name="teacher", meta=meta,
                        metrics={"params": float(_num_params(teacher_dir))})
+
+
+def _provenance(model_dir: Path) -> dict:
+    """Where a named teacher's weights came from (package, GGUF sha256, dequantization)."""
+    path = model_dir / "provenance.json"
+    if not path.exists():
+        return {}
+    record = json.loads(path.read_text())
+    keys = ("name", "package", "package_version", "gguf_file", "gguf_sha256", "quantization",
+            "dequantization", "builder_version")
+    return {f"provenance.{k}": record[k] for k in keys if k in record}
 
 
 def _num_params(model_dir: Path) -> int:
