@@ -39,6 +39,8 @@ def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
                      resume=resume, work_dir=work_dir, teacher_id=teacher.sha256)
     metrics = {f"final_{k}": float(v) for k, v in result.final_eval.items()}
     metrics.update({f"initial_{k}": float(v) for k, v in result.initial_eval.items()})
+    metrics.update({f"teacher_{k}": float(v) for k, v in result.teacher_eval.items()})
+    metrics.update({"tokens_seen": float(result.tokens_seen), "train_seconds": result.seconds})
     metrics["params"] = float(sum(p.numel() for p in student_model.parameters()))
     metrics["tokens_per_s"] = result.tokens_seen / max(result.seconds, 1e-9)
     metrics["bf16"] = float(result.bf16)
