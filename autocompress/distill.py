@@ -384,8 +384,12 @@ def _run(teacher, module, data: DistillData, config: DistillConfig, work_dir: Pa
     outputs = _teacher_outputs(teacher, data, config, layer_map, ctx, teacher_id, outputs_dir,
                                batch_fn)
     if outputs is not None:
-        outputs.ensure(teacher, config.steps, device)
-        loss = CachedTeacherLoss(outputs, batch_fn, config.temperature, device)
+        if ctx.is_main:  # one process computes the teacher's outputs; the others read them
+            outputs.ensure(teacher, config.steps, device)
+        distributed.barrier(ctx)
+        # Under DDP each process takes a contiguous block of every global batch.
+        first_row = ctx.rank * (config.batch_size // ctx.world_size) if ctx.enabled else 0
+        loss = CachedTeacherLoss(outputs, batch_fn, config.temperature, device, first_row)
         loss_fn, batch_fn = loss, loss.batch
     else:
         loss_fn = make_loss_fn(teacher, config, layer_map)
@@ -413,11 +417,13 @@ def _teacher_outputs(teacher, data: DistillData, config: DistillConfig, layer_ma
                      batch_fn) -> TeacherOutputs | None:
     """The on-disk teacher outputs for this run, or None where they do not apply.
 
-    Not with hidden-state matching (those need the teacher's hidden states) nor
-    under torchrun (each rank sees other rows); there the teacher runs live.
+    Not with hidden-state matching (that needs the teacher's hidden states) nor
+    with ``parallel="fsdp"`` (a sharded teacher runs on every rank at once); there
+    the teacher runs live, in one process too, so that the result does not
+    depend on the number of processes.
     """
     windows = getattr(data.train, "windows", None)
-    if config.teacher_topk == 0 or layer_map or ctx.enabled or windows is None:
+    if config.teacher_topk == 0 or layer_map or config.parallel == "fsdp" or windows is None:
         return None
     from autocompress.paths import home
 
@@ -434,17 +440,20 @@ class CachedTeacherLoss:
     """The KD loss read from cached teacher outputs (``training.train``'s loss_fn).
 
     ``batch(step)`` is the loop's batch function: it remembers the step, so that
-    each micro-batch (``grad_accum`` > 1 splits a step's rows in order) is matched
-    to its rows of the cache; the token ids are checked against the cache's.
+    each micro-batch (``grad_accum`` > 1 splits a step's rows in order, starting at
+    this process's ``first_row``) is matched to its rows of the cache; the token
+    ids are checked against the cache's.
     """
 
-    def __init__(self, outputs: TeacherOutputs, batch_fn, temperature: float, device):
+    def __init__(self, outputs: TeacherOutputs, batch_fn, temperature: float, device,
+                 first_row: int = 0):
         self.outputs, self.batch_fn = outputs, batch_fn
         self.temperature, self.device = temperature, device
-        self.step, self.row = -1, 0
+        self.first_row = first_row
+        self.step, self.row = -1, first_row
 
     def batch(self, step: int) -> torch.Tensor:
-        self.step, self.row = step, 0
+        self.step, self.row = step, self.first_row
         return self.batch_fn(step)
 
     def __call__(self, engine: torch.nn.Module, micro: torch.Tensor) -> torch.Tensor:

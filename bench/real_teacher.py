@@ -57,13 +57,19 @@ def part_scores(args) -> dict[str, Any]:
     from autocompress.teachers import summarize_eval
 
     out: dict[str, Any] = {"limit": args.limit, "machine": _machine(), "models": {}}
+    given = dict(item.split("=", 1) for item in args.eval_json)
     for name in ("default", TEACHER):
         started = time.perf_counter()
-        model, tok = load_causal_lm(name)
-        result = evaluate(model, tok, limit=args.limit, model_name=name, quiet=False)
-        out["models"][name] = {**summarize_eval(result),
-                               "params": sum(p.numel() for p in model.parameters()),
-                               "seconds": round(time.perf_counter() - started, 1)}
+        if name in given:  # `autocompress eval --model NAME --limit N --json FILE` output
+            result = json.loads(Path(given[name]).read_text())
+            params = result["details"]["num_params"]
+        else:
+            model, tok = load_causal_lm(name)
+            result = evaluate(model, tok, limit=args.limit, model_name=name, quiet=False)
+            params = sum(p.numel() for p in model.parameters())
+        out["models"][name] = {**summarize_eval(result), "params": params,
+                               "seconds": round(time.perf_counter() - started, 1),
+                               "from": given.get(name, "evaluated here")}
     out["machine"]["loadavg_after"] = _load()
     a, b = out["models"]["default"], out["models"][TEACHER]
     print(f"{'model':14} {'params':>8} {'MC mean':>16} {'bits/byte':>10} {'loss/token':>10}")
@@ -212,6 +218,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="+", choices=sorted(PARTS))
     parser.add_argument("--limit", type=int, default=None, help="items per task (scores)")
+    parser.add_argument("--eval-json", action="append", default=[], metavar="NAME=FILE",
+                        help="scores: take NAME's results from `autocompress eval --json`")
     parser.add_argument("--cache-steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
