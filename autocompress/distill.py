@@ -381,7 +381,7 @@ def _run(teacher, module, data: DistillData, config: DistillConfig, work_dir: Pa
     def batch_fn(step: int) -> torch.Tensor:
         return data.train.batch_at(step, config.batch_size, config.seed)
 
-    outputs = _teacher_outputs(teacher, data, config, layer_map, ctx, teacher_id, outputs_dir,
+    outputs = _teacher_outputs(teacher, data, config, layer_map, teacher_id, outputs_dir,
                                batch_fn)
     if outputs is not None:
         if ctx.is_main:  # one process computes the teacher's outputs; the others read them
@@ -412,7 +412,7 @@ def _run(teacher, module, data: DistillData, config: DistillConfig, work_dir: Pa
 # ---------------------------------------------------------------- teacher outputs and bf16
 
 
-def _teacher_outputs(teacher, data: DistillData, config: DistillConfig, layer_map, ctx,
+def _teacher_outputs(teacher, data: DistillData, config: DistillConfig, layer_map,
                      teacher_id: str | None, outputs_dir: Path | None,
                      batch_fn) -> TeacherOutputs | None:
     """The on-disk teacher outputs for this run, or None where they do not apply.
