@@ -15,6 +15,22 @@ throughput inherit the noise of TTFT and TPOT (propagated to first order).
 Memory is measured deterministically (to a few pages), so its noise is 0: a
 memory limit must be met exactly.
 
+What is timed. The ``hf-eager`` engine is the model's own forward passes, as
+``generate`` makes them: one prefill, then one decode step per token with a
+``DynamicCache`` and a greedy argmax. ``generate``'s own per-token work (logits
+processors, stopping criteria, mask and cache bookkeeping in Python) is not
+included: it does not depend on the architecture the search chooses, and leaving
+it out keeps verify, cost-model fitting and paired timing on one harness. It is
+not small on tiny models: an independent ``generate()`` timing of the bundled
+teacher (issue 20: 128-token prompt, 32 new tokens, 2 threads, median of 7) gave
+TTFT 13.8 / TPOT 3.45 ms where verify reported 12.5 / 2.93 ms. The report says so
+(``measurement.what``).
+
+Predictions come from the target's fitted cost model (``autocompress costmodel
+fit``) or, without one, from the analytic spec-sheet model, which is not fitted
+to this machine; the report says which (``prediction_note``) and, for a fitted
+one, its error on its own probes.
+
 Targets measured here: ``cpu-local/hf-eager/*`` on this CPU, and
 ``<gpu>/hf-eager/*`` on the local CUDA device when there is one. Serving engines
 such as vLLM or TensorRT-LLM are not driven by this harness; verifying on them
@@ -142,6 +158,7 @@ def verify(
     model.to(device)
     spec = arch_spec_of(model)
     predicted, note = _predict(cost_model, spec, workload)
+    note = "; ".join(filter(None, [cost_model_note(cost_model), note]))
 
     measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,
                                                warmup=warmup, seed=seed, threads=threads)
@@ -157,6 +174,22 @@ def verify(
         prediction_note=note, cost_model=cost_model.version,
         measurement=_measurement_detail(measurement, statistic),
     )
+
+
+def cost_model_note(cost_model) -> str:
+    """Which cost model predicted, and how far to trust it."""
+    target = cost_model.target
+    fit = cost_model.fit
+    if cost_model.source == "analytic" or fit is None:
+        how = (f"`autocompress costmodel fit --target {target.hardware.name}/{target.engine.name}`"
+               if target.measurable else "a fit on that hardware")
+        return ("predicted by the analytic cost model (spec-sheet roofline and engine "
+                "defaults, not fitted to this machine: expect errors of 2x or more on a CPU); "
+                f"{how} gives predictions to trust")
+    mape = ", ".join(f"{k} {v:.1f}%" for k, v in sorted(fit.train_mape.items()))
+    return (f"predicted by the cost model fitted {fit.created[:10]} on {fit.n_probes} probes "
+            f"({fit.threads} threads, {fit.timing} timing; error on its probes: {mape}); "
+            "`autocompress costmodel validate` measures its error on new architectures")
 
 
 def _predict(cost_model, spec, workload) -> tuple[dict[str, float] | None, str | None]:
@@ -181,8 +214,15 @@ def _relative_errors(predicted: dict | None, measured: dict[str, float]) -> dict
             if k in predicted and v and math.isfinite(v) and math.isfinite(predicted[k])}
 
 
+# What the hf-eager engine times (see the module docstring).
+WHAT_IS_TIMED = ("forward passes as generate makes them (prefill, then one decode step per "
+                 "token with a DynamicCache, greedy argmax); generate's own per-token Python "
+                 "work is not included")
+
+
 def _measurement_detail(measurement, statistic: str) -> dict:
     return {
+        "what": WHAT_IS_TIMED,
         "ttft_ms": measurement.ttft_ms.model_dump(),
         "tpot_ms": measurement.tpot_ms.model_dump(),
         "memory_method": measurement.memory_method,

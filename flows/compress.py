@@ -86,6 +86,19 @@ BASELINE_STEPS: list[Step] = [
     Step("baseline_verification", verify_model, model="baseline_model", **VERIFY),
 ]
 
+METHODS = ("autocompress", "minitron")
+
+
+def steps_for(method: str) -> list[Step]:
+    """The pipeline with the architecture found by ``method``."""
+    if method not in METHODS:
+        raise AutoCompressError(f"unknown method {method!r}", f"use one of {', '.join(METHODS)}")
+    if method == "autocompress":
+        return COMPRESS_STEPS
+    return [Step("arch", minitron_arch, **SEARCH_INPUTS) if step.name == "arch" else step
+            for step in COMPRESS_STEPS]
+
+
 REGISTER_STEP = Step("registered", register_model, name="register_as", model="model",
                      lineage="lineage")
 
@@ -148,6 +161,7 @@ def compress(
     limits: Limits | None = None,
     budget_fraction: float | None = None,
     baseline: bool = False,
+    method: str = "autocompress",
     eval_tasks: str | None = None,
     eval_limit: int | None = None,
     eval_config: dict[str, Any] | None = None,
@@ -169,6 +183,9 @@ def compress(
         budget_fraction: add a limit at this fraction of the teacher's predicted
             cost on the workload's main metric (e.g. 0.6), on top of ``limits``.
         baseline: also run the Minitron baseline branch for a side-by-side table.
+        method: how the architecture is found: ``autocompress`` (the search) or
+            ``minitron`` (the matched baseline alone in the main branch; bench compare
+            runs each method as its own flow run).
         eval_tasks / eval_limit / eval_config: the benchmark suite and its size.
         options: per-stage settings, ``{stage name: {setting: value}}``.
         register_as: registry name for the compressed model (None: don't register).
@@ -185,9 +202,10 @@ def compress(
     if limits.is_empty() and budget_fraction is None:
         raise AutoCompressError("no limit to compress for",
                                 "give a limit (e.g. --max-tpot-ms 3) or --budget-fraction 0.6")
+    steps = steps_for(method)
     params = {"teacher": teacher, "target": target, "workload": workload,
               "limits": limits.model_dump(exclude_none=True),
-              "budget_fraction": budget_fraction, "baseline": baseline,
+              "budget_fraction": budget_fraction, "baseline": baseline, "method": method,
               "eval_tasks": eval_tasks, "eval_limit": eval_limit, "options": options or {}}
     with tracked_flow("compress", params, experiment, store, track) as run:
         report = new_report("compress", run)
@@ -201,7 +219,7 @@ def compress(
             # options["<stage>"] reaches that stage as its `options` input.
             **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS},
         }
-        run_steps(COMPRESS_STEPS, values, run, report)
+        run_steps(steps, values, run, report)
         if baseline:
             run_steps(BASELINE_STEPS, values, run, report)
         verification = values["verification"]

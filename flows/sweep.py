@@ -1,11 +1,14 @@
-"""The ``sweep`` flow: several budgets or targets → one compression each → a Pareto set.
+"""The ``sweep`` flow: several budgets, presets or methods → one compression each → a Pareto set.
 
 Each entry of ``runs`` overrides parameters of ``compress`` (``limits``,
-``target``, ``workload``, ...). Every run is a ``compress`` subflow, so each
-finished stage is cached individually: a sweep that shares the teacher, corpus,
-cost model and importance computes them once. The result lists every run's
-scores and measured costs and marks the Pareto-optimal ones (no other run is at
-least as good on every axis and better on one).
+``budget_fraction``, ``workload``, ``method``, ...). Every run is a ``compress``
+subflow, so each finished stage is cached individually: a sweep that shares the
+teacher, corpus, cost model and importance computes them once. A run that fails
+(e.g. a method finds no architecture within the limits) is recorded with its
+error and the sweep goes on. The result lists every run's outputs (artifact
+references), scores and measured costs and marks the Pareto-optimal ones (no
+other run is at least as good on every axis and better on one). ``autocompress
+bench compare`` (``bench/compare.py``) is this flow over presets × budgets × methods.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class SweepPoint(BaseModel):
 
     label: str
     overrides: dict[str, Any]
+    outputs: dict[str, Any] = Field(default_factory=dict, description="compress's outputs.")
+    steps: list[dict[str, Any]] = Field(default_factory=list, description="Step timings.")
+    error: str | None = Field(None, description="Why the run failed (then no outputs).")
     registered: str | None = None
     score: float | None = None
     costs: dict[str, float] = Field(default_factory=dict)
@@ -61,7 +67,8 @@ def _point(label: str, overrides: dict[str, Any], report, score_metric: str,
     evaluation = outputs.get("evaluation")
     verification = outputs.get("verification")
     registered = outputs.get("registered")
-    point = SweepPoint(label=label, overrides=overrides)
+    point = SweepPoint(label=label, overrides=overrides, outputs=dict(outputs),
+                       steps=[s.model_dump() for s in report.steps])
     if evaluation is not None:
         point.score = evaluation.metrics.get(score_metric)
     if verification is not None:
@@ -102,8 +109,14 @@ def sweep(
             overrides = {k: v for k, v in entry.items() if k != "label"}
             label = str(entry.get("label", f"run{i}"))
             merged = {"experiment": experiment, "store": store, **(base or {}), **overrides}
-            report = compress.with_options(flow_run_name=f"sweep-{label}")(**merged)
-            points.append(_point(label, overrides, report, score_metric, cost_metrics))
+            state = compress.with_options(flow_run_name=f"sweep-{label}")(
+                **merged, return_state=True)
+            if state.is_failed():
+                error = state.result(raise_on_failure=False)
+                points.append(SweepPoint(label=label, overrides=overrides,
+                                         error=getattr(error, "message", None) or str(error)))
+                continue
+            points.append(_point(label, overrides, state.result(), score_metric, cost_metrics))
         front = pareto_front(points, cost_metrics)
         tracker = run.tracker()
         if tracker is not None and run.parent_run_id:

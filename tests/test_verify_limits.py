@@ -83,6 +83,11 @@ def test_verify_passes_generous_and_fails_impossible_limits(model_dir):
     assert report.noise == measurement_noise_from(report)
     # the weights alone are ~0.1 MB: memory must count at least those
     assert report.measured["memory_gb"] > 5e-5
+    # No fitted model in this home: the report says the analytic one predicted, and how
+    # to get one to trust; and what was timed.
+    assert "analytic cost model" in report.prediction_note
+    assert "autocompress costmodel fit --target cpu-local/hf-eager" in report.prediction_note
+    assert "generate's own per-token" in report.measurement["what"]
 
     impossible = Limits(max_tpot_ms=1e-6, max_memory_gb=1e-9)
     bad = verify(model_dir, CPU, TINY, impossible, repeats=3)

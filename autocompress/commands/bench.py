@@ -39,10 +39,11 @@ def _compare_module():
 def compare_command(ctx: typer.Context) -> None:
     """Run AutoCompress and the matched Minitron baseline on the CPU presets.
 
-    Options are those of bench/compare.py (see `autocompress bench compare --help`):
-    --presets, --budgets (fractions of the teacher's predicted main-metric cost,
-    default 0.6 0.4), --distill-tokens, --eval-limit, --search-steps, --seed,
-    --report. Stages are cached under results/compare-work/, so a re-run resumes.
+    Each preset x budget x method is one run of the `compress` Prefect flow (through
+    the `sweep` flow), so a re-run reuses every finished stage. Options are those of
+    bench/compare.py (see `autocompress bench compare --help`): --presets, --budgets
+    (fractions of the teacher's predicted main-metric cost, default 0.6 0.4),
+    --distill-tokens, --eval-limit, --search-steps, --seed, --options, --report.
     Writes results/compare.json.
     """
     _compare_module().main(list(ctx.args))

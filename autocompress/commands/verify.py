@@ -98,5 +98,7 @@ def _print_verify(report) -> None:
     console.print(table)
     if report.prediction_note:
         console.print(report.prediction_note)
+    if report.measurement.get("what"):
+        console.print(f"timed: {report.measurement['what']}")
     console.print("[green]PASS[/]" if report.ok else
                   f"[red]FAIL[/]: {', '.join(report.violations)} over the limit")

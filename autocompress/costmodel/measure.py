@@ -16,41 +16,36 @@ measure the same thing the cost model predicts (see ``workload``):
   peak of those live bytes (KV cache, activations, logits). It is exact and
   repeatable, the CPU analogue of ``max_memory_allocated``; it leaves out
   allocator slack and scratch buffers a kernel frees before returning (the
-  process RSS would add those, but it depends on malloc's history and varied by
-  ~20% between identical runs here).
+  process RSS would add those, but it depends on malloc's history, so it is not
+  repeatable).
 
 Timing runs of several models are **interleaved** (round-robin, in a shuffled
 order each round) so that a slow phase of a shared machine hits all candidates
 alike; statistics are medians with quartiles (``RobustStat``).
 
 **Paired timing** (``reference=``; the default on the CPU). On a shared CPU the
-absolute speed of one model jumps by 30-50 % from one second to the next
-(measured here: the default teacher's per-run median step moves between about
-10 and 16 ms; neighbours' use of the shared L3 and memory bus, invisible as
-steal time). Interleaving runs does not help when the phases are shorter than
-a run. So each run steps the model and a fixed *reference* model in lockstep:
-prefill one, prefill the other (three times, into fresh caches), then one
-decode step of each, alternately, with their own caches, the order flipped
-every round. Both see the same phase of the machine, and the ratio of their
-times is steady: over 16 runs its IQR was 2.5-4.5 % where the absolute time's
-was 10-70 %, and the median ratio of a model repeated 25 s apart agreed within
-1-2 %. A paired measurement reports
+absolute speed of a model changes from one second to the next (neighbours' use of
+the shared cache and memory bus), in phases shorter than a run, so interleaving
+alone does not help. Each run therefore steps the model and a fixed *reference*
+model in lockstep: prefill one, prefill the other (three times, into fresh
+caches), then one decode step of each, alternately, with their own caches, the
+order flipped every round. Both see the same phase of the machine, and the ratio
+of their times is steady where each absolute time is not. A paired measurement
+reports
 
     time = median over runs of (model time / reference time)
            × the reference's 10th-percentile time, pooled over the whole grid,
 
-that is, the model's speed expressed through the reference's *uncontended*
-speed (its 10th percentile is also the steadiest absolute figure: ±7 % between
-25-second windows, against ±14 % for its median). Pooled over a fit's or a
-validation's hundreds of runs that floor is steady; over the dozen runs of one
-model it is not (9.6-12.4 ms in three back-to-back sessions, while the model's
-ratio stayed within ±2 %), so ``verify`` and the search's measured check scale
-by the floor the cost model was fitted with (``Measurement.with_scale``). The
-model's own absolute timings and the reference's are kept in
-``Measurement.paired``. The reference
-is the teacher's architecture with random weights (speed does not depend on
-the values); the cost model records it so that ``verify`` and the search's
-measured check time against the same one.
+the model's speed expressed through the reference's *uncontended* speed (the
+steadiest absolute figure). Pooled over a fit's or a validation's hundreds of
+runs that floor is steady, over the dozen runs of one model it is not; so
+``verify`` and the search's measured check scale by the floor the cost model was
+fitted with (``Measurement.with_scale``). The model's own absolute timings and
+the reference's are kept in ``Measurement.paired``. The reference is the
+teacher's architecture with random weights (speed does not depend on the
+values); the cost model records it so that ``verify`` and the search's measured
+check time against the same one. The measurements behind these choices are in
+docs/measurement-history.md.
 """
 
 from __future__ import annotations

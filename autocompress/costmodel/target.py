@@ -7,8 +7,10 @@ field because it is a deployment choice, not part of the name.
 
 Engines:
 
-- ``hf-eager``: plain ``transformers`` forward passes with a ``DynamicCache``
-  (what ``generate`` does). Measurable here on the CPU, and on a local GPU.
+- ``hf-eager``: plain ``transformers`` forward passes with a ``DynamicCache``:
+  the forward passes ``generate`` makes, without ``generate``'s own per-token
+  Python work (see ``autocompress.verify``). Measurable here on the CPU, and on a
+  local GPU.
 - ``vllm``: analytic. Paged KV cache: the engine takes
   ``gpu_memory_utilization`` × device memory, subtracts weights, the activation
   peak of its profiling run and its non-torch overhead, and splits the rest into

@@ -1,21 +1,20 @@
 """Closing the loop on the target: measure the chosen architecture, correct its budgets.
 
 The search trusts the cost model, and an optimiser finds the places where a model
-is optimistic. The searched architecture of the first full demo run (five
-half-blocks) measured 13% over its predicted TPOT and missed its limit, while the
-homogeneous Minitron pick, predicted within 1%, met it. So before an architecture
-leaves the search it is built with random weights and timed on the target with
-the verification harness (speed does not depend on weight values). Where a
-timing misses its budget, that budget is scaled by the model's error on *this*
-architecture (predicted / measured, less a small margin) and the architecture is
-picked again. The check is the strict side of a guard band: a pick passes only if
-its measurement *plus* the measurement's noise is within budget, while ``verify``
+is optimistic. So before an architecture leaves the search it is built with
+random weights and timed on the target with the verification harness (speed does
+not depend on weight values). Where a timing misses its budget, that budget is
+scaled by the model's error on *this* architecture (predicted / measured, less a
+small margin) and the architecture is picked again.
+
+The check is the strict side of a guard band: a pick passes only if its
+measurement *plus* the measurement's noise is within budget, while ``verify``
 fails a model only if it is over *beyond* the noise; a pick that merely measured
 under budget once would fail verify about as often as not. Timing is paired with
-the cost model's reference (``costmodel.measure``), which keeps the noise at a
-few per cent on this shared CPU where a model timed alone spreads by 10-20 %.
-The Minitron baseline goes through the same loop, so the two stay matched.
-Targets this machine cannot time (GPU spec sheets) skip the loop.
+the cost model's reference (``costmodel.measure``) to keep that noise small on a
+shared CPU. The Minitron baseline goes through the same loop, so the two stay
+matched. Targets this machine cannot time (GPU spec sheets) skip the loop. Why
+the loop exists: docs/measurement-history.md.
 """
 
 from __future__ import annotations
