@@ -1,23 +1,26 @@
-"""Export to heterogeneous checkpoint formats that serving engines already read.
+"""Export to the heterogeneous checkpoint format serving engines read: ``nemotron-nas``.
 
 ``nemotron-nas`` (``architectures: ["DeciLMForCausalLM"]``) is the format of
-NVIDIA's Puzzle/Nemotron-NAS models, read by vLLM (``nemotron_nas.py``),
-TensorRT-LLM and llama.cpp (``deci``). Its config has, per layer::
+NVIDIA's Puzzle/Nemotron-NAS models, read by vLLM, TensorRT-LLM, llama.cpp
+(``deci``) and transformers (remote code). Its config has, per layer::
 
     {"attention": {"no_op": bool, "replace_with_linear": false, "n_heads_in_group": int},
-     "ffn": {"no_op": bool, "replace_with_linear": false, "ffn_mult": float}}
+     "ffn": {"no_op": bool, "replace_with_linear": false, "ffn_mult": float,
+             "intermediate_size": int}}
 
-Rules (as vLLM applies them): query heads are *global* (``num_attention_heads``),
-``num_kv_heads = num_attention_heads / n_heads_in_group``, and the FFN width is
-``round_up_256(int(2 * ffn_mult * hidden_size / 3))``. Newer checkpoints write
-``ffn.intermediate_size`` instead of ``ffn_mult`` (``ffn_format="intermediate_size"``).
-Weight names are the Llama ones, which our model already uses.
+Query heads are global (``num_attention_heads``), ``num_kv_heads =
+num_attention_heads / n_heads_in_group``, and the FFN width is
+``round_up_256(int(2 * ffn_mult * hidden_size / 3))`` — or ``intermediate_size``
+for readers that take it (vLLM, when a block has no ``ffn_mult``).
 
-The export refuses (AutoCompressError naming the layer) what the format cannot
-express: per-layer query-head counts, FFN widths the ``ffn_mult`` rule cannot
-reproduce, Qwen3's q/k norms. Softer mismatches (Qwen2-style q/k/v-only bias,
-head_dim not equal to hidden/heads, sliding windows) are written and reported
-as warnings, because some engines read them and others do not.
+What each engine computes from such a checkpoint is written down in
+``autocompress.engine_rules``. The export checks the model against the rules of
+the engines asked for (``engines``; default: all of them) and, per rule, writes
+a form those engines compute exactly (a zero-output attention block in layer 0,
+a zero FFN where llama.cpp would drop an attention output, FFNs zero-padded to
+multiples of 256, a copied LM head) or refuses with one line naming the rule.
+Without an explicit engine it writes the most widely loadable form and reports
+which engines will load it.
 
 The export carries its own remote code (``configuration_decilm.py``,
 ``modeling_decilm.py`` and the heterogeneous decoder they build on, siblings with
@@ -38,17 +41,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from pydantic import BaseModel
 from safetensors.torch import save_file
 
-from autocompress.arch import ArchSpec
+from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
+from autocompress.engine_rules import FFN_MULTIPLE, EnginePlan, ModelFacts, plan_for
 from autocompress.errors import AutoCompressError
 
-FFN_MULTIPLE = 256
-FfnFormat = Literal["ffn_mult", "intermediate_size"]
 _COPIED_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -74,13 +76,16 @@ AUTO_MAP = {
 
 
 class ExportReport(BaseModel):
-    """What an export wrote, and what an engine may read differently."""
+    """What an export wrote and which engines compute it exactly."""
 
     out_dir: str
     format: str
     num_layers: int
     num_params: int
-    warnings: list[str]
+    engines: list[str]  # engines that load this export and compute the model exactly
+    refused: dict[str, list[str]]  # engine -> the rules that keep it out
+    stand_ins: dict[str, str]  # rule key -> the layers given an equivalent form
+    added_params: int  # parameters the stand-ins add (all zero-valued)
 
 
 # ----------------------------------------------------------------- the rule
@@ -93,102 +98,147 @@ def ffn_mult_to_intermediate_size(ffn_mult: float, hidden_size: int) -> int:
 
 
 def ffn_mult_for(intermediate_size: int, hidden_size: int) -> float | None:
-    """An ``ffn_mult`` whose rule gives exactly ``intermediate_size``, or None if none does."""
-    if intermediate_size % FFN_MULTIPLE:
+    """An ``ffn_mult`` of at most 6 decimals whose rule gives exactly ``intermediate_size``.
+
+    Six decimals because the hub's ``FFNConfig`` rounds ``ffn_mult`` to 6 digits
+    on load. None when no such value exists (width not a multiple of 256).
+    """
+    if intermediate_size % FFN_MULTIPLE or intermediate_size <= 0:
         return None
     # Any int(...) in (I - 256, I] rounds up to I: aim at the middle of that window.
     target = intermediate_size - FFN_MULTIPLE / 2
-    for digits in (4, 6, 8, 12):
+    for digits in (4, 6):
         mult = round(3 * target / (2 * hidden_size), digits)
         if ffn_mult_to_intermediate_size(mult, hidden_size) == intermediate_size:
             return mult
     return None
 
 
-# ---------------------------------------------------------------- checking
+# ------------------------------------------------------------ stand-ins
 
 
-def nemotron_nas_problems(spec: ArchSpec, ffn_format: FfnFormat = "ffn_mult") -> list[str]:
-    """Reasons ``spec`` cannot be written as nemotron-nas (empty = it can)."""
-    problems = []
-    heads = {la.attention.num_heads for la in spec.layers if la.attention}
-    if len(heads) > 1:
-        per_layer = ", ".join(
-            f"layer {i}: {la.attention.num_heads}"
-            for i, la in enumerate(spec.layers)
-            if la.attention
-        )
-        problems.append(
-            "nemotron-nas has one global query-head count, but the query heads differ "
-            f"per layer ({per_layer})"
-        )
-    if spec.qk_norm:
-        problems.append("nemotron-nas has no q/k RMSNorm (Qwen3-style qk_norm)")
-    if ffn_format == "ffn_mult":
-        for i, layer in enumerate(spec.layers):
-            if layer.ffn and ffn_mult_for(layer.ffn.intermediate_size, spec.hidden_size) is None:
-                problems.append(
-                    f"layer {i}: intermediate_size {layer.ffn.intermediate_size} is not "
-                    f"round_up_256(int(2*ffn_mult*{spec.hidden_size}/3)) for any ffn_mult "
-                    f"(it must be a multiple of {FFN_MULTIPLE})"
-                )
-    return problems
+def _zeros_like_block(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict:
+    return {name: torch.zeros(shape, dtype=dtype) for name, shape in shapes.items()}
 
 
-def _warnings(spec: ArchSpec, config: Any) -> list[str]:
-    notes = []
+def _zero_attention(spec: ArchSpec, i: int, heads: int, dtype: torch.dtype) -> dict:
+    """A 1-KV-head attention block whose o_proj is zero: it adds exactly 0."""
+    h, d, p = spec.hidden_size, spec.head_dim, f"model.layers.{i}."
+    shapes = {
+        p + "self_attn.q_proj.weight": (heads * d, h),
+        p + "self_attn.k_proj.weight": (d, h),
+        p + "self_attn.v_proj.weight": (d, h),
+        p + "self_attn.o_proj.weight": (h, heads * d),
+    }
+    if spec.attention_bias:
+        shapes |= {p + f"self_attn.{x}_proj.bias": (n,) for x, n in
+                   (("q", heads * d), ("k", d), ("v", d))}
+    if spec.attention_output_bias:
+        shapes[p + "self_attn.o_proj.bias"] = (h,)
+    state = _zeros_like_block(shapes, dtype)
+    state[p + "input_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    return state
+
+
+def _zero_ffn(spec: ArchSpec, i: int, dtype: torch.dtype) -> dict:
+    """A 256-wide FFN with zero weights: it adds exactly 0."""
+    h, w, p = spec.hidden_size, FFN_MULTIPLE, f"model.layers.{i}.mlp."
+    shapes = {p + "gate_proj.weight": (w, h), p + "up_proj.weight": (w, h),
+              p + "down_proj.weight": (h, w)}
+    if spec.mlp_bias:
+        shapes |= {p + "gate_proj.bias": (w,), p + "up_proj.bias": (w,), p + "down_proj.bias": (h,)}
+    state = _zeros_like_block(shapes, dtype)
+    state[f"model.layers.{i}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    return state
+
+
+def _pad_ffn(state: dict, i: int, width: int) -> None:
+    """Zero-pad layer ``i``'s FFN to ``width`` units: the new units output exactly 0."""
+    p = f"model.layers.{i}.mlp."
+    for name in ("gate_proj", "up_proj"):
+        weight = state[p + name + ".weight"]
+        state[p + name + ".weight"] = torch.cat([weight, weight.new_zeros(width - len(weight),
+                                                                          weight.shape[1])])
+        if p + name + ".bias" in state:
+            bias = state[p + name + ".bias"]
+            state[p + name + ".bias"] = torch.cat([bias, bias.new_zeros(width - len(bias))])
+    down = state[p + "down_proj.weight"]
+    state[p + "down_proj.weight"] = torch.cat(
+        [down, down.new_zeros(down.shape[0], width - down.shape[1])], dim=1
+    )
+
+
+def _drop_zero_biases(state: dict, spec: ArchSpec) -> ArchSpec:
+    """All-zero biases are removed (every engine then computes the same thing)."""
+    for name in [n for n in state if n.endswith(".bias")]:
+        del state[name]
+    return spec.model_copy(
+        update={"attention_bias": False, "attention_output_bias": False, "mlp_bias": False}
+    )
+
+
+def apply_stand_ins(
+    state: dict[str, torch.Tensor], spec: ArchSpec, plan: EnginePlan, nonzero_bias: bool
+) -> ArchSpec:
+    """Rewrite ``state`` (in place) into the form ``plan``'s engines compute exactly.
+
+    Returns the spec of what is written. Every change adds only zero-output
+    blocks or zero-valued units, so the logits are unchanged.
+    """
+    dtype = state["model.embed_tokens.weight"].dtype
+    if not nonzero_bias and (spec.attention_bias or spec.attention_output_bias or spec.mlp_bias):
+        spec = _drop_zero_biases(state, spec)
     heads = next(la.attention.num_heads for la in spec.layers if la.attention)
-    if spec.head_dim * heads != spec.hidden_size:
-        notes.append(
-            f"head_dim {spec.head_dim} != hidden_size/num_attention_heads "
-            f"({spec.hidden_size}/{heads}); engines that ignore the head_dim field misread it"
+    layers = [layer.model_copy() for layer in spec.layers]
+    if plan.needs("first-layer-no-attention"):
+        state.update(_zero_attention(spec, 0, heads, dtype))
+        layers[0] = LayerSpec(attention=AttentionSpec(num_heads=heads, num_kv_heads=1),
+                              ffn=layers[0].ffn)
+    for i, layer in enumerate(layers):
+        needs_ffn = layer.ffn is None and (
+            (plan.needs("attention-without-ffn") and layer.attention is not None)
+            or (plan.needs("empty-last-layer") and i == len(layers) - 1 and layer.is_empty)
         )
-    if spec.attention_bias and not spec.attention_output_bias:
-        notes.append("q/k/v bias without o_proj bias is written as qkv_bias=true (vLLM reads it)")
-    if spec.attention_output_bias and not spec.attention_bias:
-        notes.append("o_proj bias without q/k/v bias is not representable by flags")
-    if getattr(config, "sliding_window", None):
-        notes.append(f"sliding_window {config.sliding_window} is written but DeciLM ignores it")
-    if spec.ffn_layers() and any(
-        la.ffn.intermediate_size % FFN_MULTIPLE for la in spec.layers if la.ffn
-    ):
-        notes.append(f"some FFN widths are not multiples of {FFN_MULTIPLE}")
-    return notes
+        if needs_ffn:
+            state.update(_zero_ffn(spec, i, dtype))
+            layers[i] = LayerSpec(attention=layer.attention,
+                                  ffn=FFNSpec(intermediate_size=FFN_MULTIPLE))
+        elif plan.needs("ffn-width") and layer.ffn and layer.ffn.intermediate_size % FFN_MULTIPLE:
+            width = -(-layer.ffn.intermediate_size // FFN_MULTIPLE) * FFN_MULTIPLE
+            _pad_ffn(state, i, width)
+            layers[i] = LayerSpec(attention=layer.attention, ffn=FFNSpec(intermediate_size=width))
+    if spec.tie_word_embeddings:
+        if plan.needs("tied-embeddings"):
+            state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+        else:
+            state.pop("lm_head.weight", None)
+    return spec.model_copy(update={"layers": layers})
 
 
 # ------------------------------------------------------------------ writing
 
 
-def nemotron_nas_config(
-    spec: ArchSpec, base_config: Any, ffn_format: FfnFormat = "ffn_mult"
-) -> dict[str, Any]:
-    """The config.json dict of the nemotron-nas export of ``spec``."""
-    problems = nemotron_nas_problems(spec, ffn_format)
-    if problems:
-        ffn_only = all("intermediate_size" in p for p in problems)
-        raise AutoCompressError(
-            "this model cannot be written as nemotron-nas: " + "; ".join(problems[:4]),
-            hint="use --ffn-format intermediate_size (exact widths)"
-            if ffn_only
-            else "search with uniform query heads (and FFN granularity 256), no qk_norm teacher",
-        )
+def nemotron_nas_config(spec: ArchSpec, base_config: Any, facts: ModelFacts) -> dict[str, Any]:
+    """The config.json dict of the nemotron-nas export of ``spec`` (as written)."""
     heads = next(la.attention.num_heads for la in spec.layers if la.attention)
+    widths = [la.ffn.intermediate_size for la in spec.layers if la.ffn]
+    # ffn_mult where every width allows it (TensorRT-LLM, llama.cpp, the hub code
+    # need it); intermediate_size always (vLLM and newer readers).
+    with_mult = all(w % FFN_MULTIPLE == 0 for w in widths)
     blocks = []
     for layer in spec.layers:
-        attention: dict[str, Any] = {"no_op": layer.attention is None, "replace_with_linear": False}
-        attention["n_heads_in_group"] = (
-            layer.attention.num_heads // layer.attention.num_kv_heads if layer.attention else None
-        )
-        ffn: dict[str, Any] = {"no_op": layer.ffn is None, "replace_with_linear": False}
-        if ffn_format == "ffn_mult":
-            ffn["ffn_mult"] = (
-                ffn_mult_for(layer.ffn.intermediate_size, spec.hidden_size) if layer.ffn else None
-            )
-        else:
-            ffn["intermediate_size"] = layer.ffn.intermediate_size if layer.ffn else None
-        blocks.append({"attention": attention, "ffn": ffn})
+        att, ffn = layer.attention, layer.ffn
+        attention = {"no_op": att is None, "replace_with_linear": False,
+                     "n_heads_in_group": att.num_heads // att.num_kv_heads if att else None}
+        mlp: dict[str, Any] = {"no_op": ffn is None, "replace_with_linear": False}
+        if with_mult:
+            mlp["ffn_mult"] = ffn_mult_for(ffn.intermediate_size, spec.hidden_size) if ffn else None
+        mlp["intermediate_size"] = ffn.intermediate_size if ffn else None
+        blocks.append({"attention": attention, "ffn": mlp})
     rope = dict(getattr(base_config, "rope_parameters", None) or {})
-    config = {
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    kv = [la.attention.num_kv_heads for la in spec.layers if la.attention]
+    return {
         "architectures": ["DeciLMForCausalLM"],
         "model_type": "nemotron-nas",
         "auto_map": dict(AUTO_MAP),
@@ -196,6 +246,9 @@ def nemotron_nas_config(
         "hidden_size": spec.hidden_size,
         "num_hidden_layers": spec.num_layers,
         "num_attention_heads": heads,
+        # Summaries only (the blocks decide): TensorRT-LLM's converter reads them.
+        "num_key_value_heads": max(kv),
+        "intermediate_size": max(widths, default=0),
         "head_dim": spec.head_dim,
         "vocab_size": spec.vocab_size,
         "tie_word_embeddings": bool(spec.tie_word_embeddings),
@@ -206,14 +259,14 @@ def nemotron_nas_config(
         "rms_norm_eps": base_config.rms_norm_eps,
         "max_position_embeddings": base_config.max_position_embeddings,
         "rope_theta": rope.get("rope_theta", 10000.0),
-        "rope_scaling": rope if rope.get("rope_type", "default") != "default" else None,
+        "rope_scaling": scaling if scaling.get("rope_type", "default") != "default" else None,
         "bos_token_id": getattr(base_config, "bos_token_id", None),
         "eos_token_id": getattr(base_config, "eos_token_id", None),
         "pad_token_id": getattr(base_config, "pad_token_id", None),
-        "sliding_window": getattr(base_config, "sliding_window", None),
+        # A window that never applies (>= max positions) is dropped: exact everywhere.
+        "sliding_window": facts.sliding_window if facts.window_applies else None,
         "dtype": "float32",
     }
-    return config
 
 
 def per_layer_config_record(spec: ArchSpec, base_config: Any) -> dict[str, Any]:
@@ -263,10 +316,15 @@ def export_nemotron_nas(
     model_dir: str | Path,
     out_dir: str | Path,
     *,
-    ffn_format: FfnFormat = "ffn_mult",
+    engines: list[str] | None = None,
     overwrite: bool = False,
 ) -> ExportReport:
-    """Write the model in ``model_dir`` (any supported model) as a nemotron-nas checkpoint."""
+    """Write the model in ``model_dir`` as a nemotron-nas checkpoint for ``engines``.
+
+    ``engines=None`` writes the form most engines compute exactly and reports
+    which; an explicit list refuses (AutoCompressError naming the rule) when one
+    of them cannot compute the model exactly.
+    """
     from autocompress.modeling import arch_spec_of, load_causal_lm
 
     out_dir = Path(out_dir)
@@ -275,17 +333,33 @@ def export_nemotron_nas(
             f"{out_dir} exists and is not empty", hint="pass another --out, or --overwrite"
         )
     model, _ = load_causal_lm(model_dir, with_tokenizer=False)
-    spec = arch_spec_of(model)
-    config = nemotron_nas_config(spec, model.config, ffn_format)
+    facts = ModelFacts.of(model, model_dir)
+    plan = plan_for(facts, engines)
+    state = {k: v.detach().contiguous().cpu().clone() for k, v in model.state_dict().items()}
+    spec = apply_stand_ins(state, arch_spec_of(model), plan, facts.nonzero_bias)
+    config = nemotron_nas_config(spec, model.config, facts)
     config["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    state = _export_state(model, spec)
+    record = per_layer_config_record(spec, model.config)
+    _write(out_dir, model_dir, state, config, record)
+    return ExportReport(
+        out_dir=str(out_dir),
+        format="nemotron-nas",
+        num_layers=spec.num_layers,
+        num_params=spec.num_params(),
+        engines=plan.engines,
+        refused=plan.refused,
+        stand_ins=plan.stand_ins,
+        added_params=spec.num_params() - facts.spec.num_params(),
+    )
 
+
+def _write(out_dir: Path, model_dir, state, config, record) -> None:
+    """Write everything into a temporary sibling, then move it into place."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        record = per_layer_config_record(spec, model.config)
         (tmp / "per_layer_config.json").write_text(json.dumps(record, indent=2) + "\n")
         for source in _REMOTE_CODE:
             shutil.copy(source, tmp / source.name)
@@ -299,95 +373,38 @@ def export_nemotron_nas(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportReport(
-        out_dir=str(out_dir),
-        format=f"nemotron-nas ({ffn_format})",
-        num_layers=spec.num_layers,
-        num_params=spec.num_params(),
-        warnings=_warnings(spec, model.config),
-    )
-
-
-def _export_state(model: torch.nn.Module, spec: ArchSpec) -> dict[str, torch.Tensor]:
-    """Llama-named tensors; a tied LM head is stored once (as the embedding)."""
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    if spec.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    return state
 
 
 # ------------------------------------------------------------------ reading
 
 
-def spec_from_nemotron_nas(config: dict[str, Any]) -> ArchSpec:
-    """The ArchSpec a nemotron-nas config.json describes, read the way vLLM reads it."""
-    from autocompress.arch import AttentionSpec, FFNSpec, LayerSpec
-
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    layers = []
-    for block in config["block_configs"]:
-        att, ffn = block["attention"], block["ffn"]
-        attention = None
-        if not att.get("no_op"):
-            attention = AttentionSpec(
-                num_heads=heads, num_kv_heads=heads // att["n_heads_in_group"]
-            )
-        mlp = None
-        if not ffn.get("no_op"):
-            if ffn.get("ffn_mult") is not None:
-                width = ffn_mult_to_intermediate_size(ffn["ffn_mult"], hidden)
-            else:
-                width = ffn["intermediate_size"]
-            mlp = FFNSpec(intermediate_size=width)
-        layers.append(LayerSpec(attention=attention, ffn=mlp))
-    qkv_bias = config.get("qkv_bias", config.get("attention_bias", False))
-    return ArchSpec(
-        hidden_size=hidden,
-        layers=layers,
-        head_dim=config.get("head_dim") or hidden // heads,
-        vocab_size=config["vocab_size"],
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(qkv_bias),
-        attention_output_bias=bool(config.get("attention_bias", False)),
-        mlp_bias=bool(config.get("mlp_bias", False)),
-        qk_norm=False,
-    )
-
-
 def load_nemotron_nas(export_dir: str | Path):
-    """Load a nemotron-nas export back as a HeteroForCausalLM (checks the export round trip)."""
+    """Load a nemotron-nas export as a HeteroForCausalLM, reading its config as vLLM does.
+
+    The same reader as the export's remote code (``modeling_decilm.hetero_config_of``).
+    """
     from safetensors.torch import load_file
 
-    from autocompress.modeling import HeteroConfig, HeteroForCausalLM
+    from autocompress.modeling import HeteroForCausalLM
+    from autocompress.modeling.configuration_decilm import DeciLMConfig
+    from autocompress.modeling.modeling_decilm import hetero_config_of
 
     export_dir = Path(export_dir)
-    config = json.loads((export_dir / "config.json").read_text())
-    spec = spec_from_nemotron_nas(config)
-    rope = config.get("rope_scaling") or {
-        "rope_type": "default",
-        "rope_theta": config.get("rope_theta", 10000.0),
-    }
-    hetero_config = HeteroConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        block_configs=[layer.model_dump() for layer in spec.layers],
-        head_dim=spec.head_dim,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        rope_parameters=dict(rope),
-        attention_bias=spec.attention_bias,
-        attention_output_bias=spec.attention_output_bias,
-        mlp_bias=spec.mlp_bias,
-        hidden_act=config["hidden_act"],
-        rms_norm_eps=config["rms_norm_eps"],
-        max_position_embeddings=config["max_position_embeddings"],
-        sliding_window=config.get("sliding_window"),
-        bos_token_id=config.get("bos_token_id"),
-        eos_token_id=config.get("eos_token_id"),
-        pad_token_id=config.get("pad_token_id"),
-    )
-    model = HeteroForCausalLM(hetero_config)
+    raw = json.loads((export_dir / "config.json").read_text())
+    config = DeciLMConfig.from_dict({k: v for k, v in raw.items() if k != "auto_map"})
+    model = HeteroForCausalLM(hetero_config_of(config))
     state = load_file(export_dir / "model.safetensors")
-    if spec.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    if config.tie_word_embeddings:
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def spec_from_nemotron_nas(config: dict[str, Any]) -> ArchSpec:
+    """The ArchSpec a nemotron-nas config.json describes (read as vLLM reads it)."""
+    from autocompress.modeling import arch_spec_of
+    from autocompress.modeling.configuration_decilm import DeciLMConfig
+    from autocompress.modeling.modeling_decilm import hetero_config_of
+
+    decilm = DeciLMConfig.from_dict({k: v for k, v in config.items() if k != "auto_map"})
+    return arch_spec_of(hetero_config_of(decilm))

@@ -49,6 +49,7 @@ def test_ffn_mult_rule_round_trips_every_multiple_of_256(hidden):
     for width in range(256, 8 * hidden + 1, 256):
         mult = ffn_mult_for(width, hidden)
         assert mult is not None and ffn_mult_to_intermediate_size(mult, hidden) == width
+        assert round(mult, 6) == mult  # the hub's FFNConfig rounds ffn_mult to 6 digits
     assert ffn_mult_for(300, hidden) is None
 
 
@@ -61,6 +62,8 @@ def test_export_round_trip_gives_identical_logits(tmp_path):
     layers = [_layer(4, 4, 512), _layer(4, 1, 256), _layer(0, 0, 256)]
     student, path = _student(tmp_path, layers)
     report = export_nemotron_nas(path, tmp_path / "nas")
+    assert report.engines == ["vllm", "trtllm", "hf"]  # no tokenizer: not llama.cpp
+    assert "tokenizer: missing" in report.refused["llama.cpp"][0]
     config = json.loads((tmp_path / "nas" / "config.json").read_text())
     assert config["architectures"] == ["DeciLMForCausalLM"]
     assert config["num_attention_heads"] == 4
@@ -88,40 +91,43 @@ def test_exported_config_loads_with_attribute_access(tmp_path):
     block = config.block_configs[1]
     assert block.attention.no_op is True and block.ffn.ffn_mult is not None
     assert config.block_configs[0].attention.n_heads_in_group == 2
-    assert not hasattr(block.ffn, "intermediate_size")  # vLLM picks the rule by hasattr
+    # vLLM takes ffn_mult when the block has it (hasattr); both give the same width.
+    assert ffn_mult_to_intermediate_size(block.ffn.ffn_mult, 64) == block.ffn.intermediate_size
     json.dumps(config.to_dict())  # stays serialisable
 
 
-def test_intermediate_size_variant_for_widths_ffn_mult_cannot_express(tmp_path):
+def test_widths_ffn_mult_cannot_express_are_padded_or_written_exactly(tmp_path):
     student, path = _student(tmp_path, [_layer(4, 2, 300), _layer(4, 2, 256), _layer(4, 2, 0)])
-    with pytest.raises(AutoCompressError) as err:
-        export_nemotron_nas(path, tmp_path / "nas")
-    assert "layer 0: intermediate_size 300" in str(err.value)
-    assert not (tmp_path / "nas").exists()  # nothing half-written
-
-    report = export_nemotron_nas(path, tmp_path / "nas2", ffn_format="intermediate_size")
-    config = json.loads((tmp_path / "nas2" / "config.json").read_text())
-    assert config["block_configs"][0]["ffn"] == {
-        "no_op": False,
-        "replace_with_linear": False,
-        "intermediate_size": 300,
-    }
-    assert any("multiples of 256" in w for w in report.warnings)
     ids = torch.randint(3, 128, (1, 7))
-    reloaded = load_nemotron_nas(tmp_path / "nas2")
+    # Default: zero-padded to 512 so that ffn_mult readers (TensorRT-LLM) load it.
+    report = export_nemotron_nas(path, tmp_path / "nas")
+    assert "trtllm" in report.engines and report.stand_ins["ffn-width"] == "layer 0"
+    block = json.loads((tmp_path / "nas" / "config.json").read_text())["block_configs"][0]
+    assert block["ffn"]["intermediate_size"] == 512
+    assert ffn_mult_to_intermediate_size(block["ffn"]["ffn_mult"], 64) == 512
+    assert report.added_params == 3 * 64 * (512 - 300)
+    reloaded = load_nemotron_nas(tmp_path / "nas")
+    torch.testing.assert_close(_logits(reloaded, ids), _logits(student, ids), rtol=0, atol=1e-6)
+
+    # For vLLM alone: the exact width, as intermediate_size (no ffn_mult key at all).
+    export_nemotron_nas(path, tmp_path / "vllm", engines=["vllm"])
+    block = json.loads((tmp_path / "vllm" / "config.json").read_text())["block_configs"][0]
+    assert block["ffn"] == {"no_op": False, "replace_with_linear": False, "intermediate_size": 300}
+    reloaded = load_nemotron_nas(tmp_path / "vllm")
     torch.testing.assert_close(_logits(reloaded, ids), _logits(student, ids), rtol=0, atol=1e-6)
 
 
 def test_per_layer_query_heads_are_refused(tmp_path):
     _, path = _student(tmp_path, [_layer(4, 2, 256), _layer(2, 2, 256), _layer(4, 4, 256)])
-    with pytest.raises(AutoCompressError, match="query-head count.*layer 1: 2"):
+    with pytest.raises(AutoCompressError, match=r"query heads differ.*query heads \[2, 4\]"):
         export_nemotron_nas(path, tmp_path / "nas")
+    assert not (tmp_path / "nas").exists()  # nothing half-written
 
 
 def test_qwen3_is_refused(tmp_path):
     teacher = tiny_model("qwen3", intermediate_size=256)
     teacher.save_pretrained(tmp_path / "q3")
-    with pytest.raises(AutoCompressError, match="qk_norm"):
+    with pytest.raises(AutoCompressError, match=r"q/k RMSNorm \(Qwen3\) \[qk-norm\]"):
         export_nemotron_nas(tmp_path / "q3", tmp_path / "nas")
 
 
@@ -131,7 +137,9 @@ def test_qwen2_bias_is_written_as_qkv_bias(tmp_path):
     report = export_nemotron_nas(tmp_path / "q2", tmp_path / "nas")
     config = json.loads((tmp_path / "nas" / "config.json").read_text())
     assert config["qkv_bias"] is True and config["attention_bias"] is False
-    assert any("qkv_bias" in w for w in report.warnings)
+    assert "trtllm" not in report.engines and "[bias]" in report.refused["trtllm"][0]
+    with pytest.raises(AutoCompressError, match=r"trtllm: non-zero .* bias \[bias\]"):
+        export_nemotron_nas(tmp_path / "q2", tmp_path / "trt", engines=["trtllm"])
     ids = torch.randint(3, 128, (1, 7))
     torch.testing.assert_close(
         _logits(load_nemotron_nas(tmp_path / "nas"), ids), _logits(teacher, ids), rtol=0, atol=1e-6

@@ -128,12 +128,12 @@ def test_importance_prune_export_chain(workspace):
     shown = _invoke("arch", "show", out).output
     assert "HeteroForCausalLM" in shown and "no-op" in shown
 
-    # This student's FFN widths are not multiples of 256: only the exact variant works.
-    with pytest.raises(AutoCompressError, match="intermediate_size 64"):
-        _invoke("export", "--model", out, "--out", workspace / "nas")
-    _invoke(
-        "export", "--model", out, "--out", workspace / "nas", "--ffn-format", "intermediate_size"
-    )
+    # Hidden pruned to 48 (heads x head_dim stays 64): TensorRT-LLM would mis-read it.
+    with pytest.raises(AutoCompressError, match=r"trtllm: head_dim .*\[head-dim\]"):
+        _invoke("export", "--model", out, "--out", workspace / "nas", "--engine", "trtllm")
+    assert not (workspace / "nas").exists()
+    shown = _invoke("export", "--model", out, "--out", workspace / "nas").output
+    assert "loads exactly in: vllm, hf" in shown and "not for trtllm" in shown
     assert (
         json.loads((workspace / "nas" / "config.json").read_text())["model_type"] == "nemotron-nas"
     )

@@ -22,22 +22,27 @@ def export_command(
         "--format",
         "-f",
         help="Target format. `nemotron-nas`: DeciLMForCausalLM block_configs (vLLM, "
-        "TensorRT-LLM, llama.cpp `deci`). `gguf`: one llama.cpp file (`llama` when "
-        "homogeneous, else `deci`) with the tokenizer; --out may name the .gguf file.",
+        "TensorRT-LLM, llama.cpp `deci`, transformers remote code). `gguf`: one llama.cpp "
+        "file (`llama` when homogeneous, else `deci`) with the tokenizer; --out may name "
+        "the .gguf file.",
     ),
     dtype: str = typer.Option(
         "f32", "--dtype", help="gguf only: f32, f16, q8_0 or q4_0 (2-D weights)."),
-    ffn_format: str = typer.Option(
-        "ffn_mult",
-        help="How FFN widths are written: `ffn_mult` (classic, widths must be "
-        "multiples of 256) or `intermediate_size` (newer checkpoints, exact).",
+    engine: list[str] = typer.Option(
+        None,
+        "--engine",
+        "-e",
+        help="nemotron-nas only: serving engine the export must load exactly: vllm, "
+        "trtllm, llama.cpp, hf (repeatable). Refuses, naming the rule, what that engine "
+        "cannot compute. Default: the most widely loadable form, listing its engines.",
     ),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output directory."),
 ) -> None:
     """Export a model to a heterogeneous format serving engines read.
 
-    Refuses, naming the layer, what the format cannot represent; also writes
-    per_layer_config.json (transformers v5 per-layer overrides).
+    nemotron-nas: writes stand-ins (zero-output blocks, zero-padded FFNs, a copied
+    LM head) where an engine would otherwise mis-read the model, refuses (naming
+    the rule) what no exact form exists for; also writes per_layer_config.json.
     """
     from rich.console import Console
 
@@ -56,12 +61,11 @@ def export_command(
     if fmt != "nemotron-nas":
         raise AutoCompressError(f"unknown export format {fmt!r}",
                                 hint="use --format nemotron-nas or gguf")
-    if ffn_format not in ("ffn_mult", "intermediate_size"):
-        raise AutoCompressError(
-            f"unknown --ffn-format {ffn_format!r}", hint="use ffn_mult or intermediate_size"
-        )
-    report = export_nemotron_nas(model, out, ffn_format=ffn_format, overwrite=overwrite)
+    report = export_nemotron_nas(model, out, engines=engine or None, overwrite=overwrite)
     console = Console()
     console.print(f"wrote {report.out_dir} ({report.format}, {report.num_params:,} parameters)")
-    for warning in report.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+    console.print(f"loads exactly in: {', '.join(report.engines)}")
+    for key, where in report.stand_ins.items():
+        console.print(f"stand-in [{key}]: {where}")
+    for name, lines in report.refused.items():
+        console.print(f"[yellow]not for {name}:[/yellow] {lines[0]}")
