@@ -451,38 +451,51 @@ def plan_for(facts: ModelFacts, engines: list[str] | None = None) -> EnginePlan:
 # ------------------------------------------------------------ search space
 
 
-def space_overrides(engine: str, teacher: ArchSpec) -> tuple[dict[str, Any], list[str]]:
-    """SpaceConfig overrides and per-layer bans so a search proposes only what ``engine`` runs.
+def space_overrides(engine: str, teacher: ArchSpec) -> dict[str, Any]:
+    """SpaceConfig overrides so a search offers only shapes ``engine`` computes exactly.
 
-    Returns ``(overrides, bans)``; a ban is ``"attention:<layer>"`` or
-    ``"ffn:<layer>"`` (that block's no-op is not offered). Stand-in rules are
-    banned too where their stand-in would cost what the cost model does not see
-    (a zero attention in layer 0); the tiny zero FFN stand-in is left to export.
+    Query heads stay global (every option keeps all query heads of its KV
+    clusters: the format has one count); no hidden pruning where head_dim must
+    be hidden / heads; FFN widths on the 256 grid where ffn_mult is read (no
+    zero padding). A teacher the engine cannot serve at all is refused here.
     """
-    if engine not in ENGINES:
-        raise AutoCompressError(
-            f"unknown engine {engine!r}", hint=f"use one of {', '.join(ENGINES)}"
-        )
+    _check_engine(engine)
     facts = ModelFacts(spec=teacher)
-    for key in ("qk-norm", "head-dim"):
+    for key in ("qk-norm", "head-dim", "kv-groups"):
         where = DETECTORS[key](facts)
         if where and RULES_BY_KEY[key].verdict(engine) == "refused":
-            raise AutoCompressError(
-                f"the teacher cannot be served by {RULES_BY_KEY[key].line(engine)}: {where}",
-                hint=RULES_BY_KEY[key].remedy,
-            )
-    # Query heads are global in nemotron-nas: keep every head of each KV cluster.
+            raise _refusal(engine, key, where, prefix="the teacher cannot be served by ")
     overrides: dict[str, Any] = {"head_fractions": [1.0]}
-    bans: list[str] = []
     if RULES_BY_KEY["head-dim"].verdict(engine) == "refused":
         overrides["hidden_fractions"] = [1.0]  # hidden = heads x head_dim stays true
     if RULES_BY_KEY["ffn-width"].verdict(engine) != "exact":
         overrides["ffn_granularity"] = FFN_MULTIPLE
+    return overrides
+
+
+def banned_no_ops(engine: str, teacher: ArchSpec) -> list[tuple[str, int]]:
+    """Blocks whose no-op a search for ``engine`` must not offer: ``("attention", 0)`` etc.
+
+    Those the engine would need a stand-in for that costs what the cost model
+    does not see (a zero attention in layer 0); the tiny zero-FFN stand-ins for
+    attention-only layers are left to the export.
+    """
+    bans: list[tuple[str, int]] = []
     if RULES_BY_KEY["first-layer-no-attention"].verdict(engine) != "exact":
-        bans.append("attention:0")
+        bans.append(("attention", 0))
     if RULES_BY_KEY["empty-last-layer"].verdict(engine) != "exact":
-        bans.append(f"ffn:{teacher.num_layers - 1}")
-    return overrides, bans
+        bans.append(("ffn", teacher.num_layers - 1))
+    return bans
+
+
+# Cost-model target engines whose served checkpoint is a nemotron-nas export.
+TARGET_ENGINES = {"vllm": "vllm", "trtllm": "trtllm", "llama.cpp": "llama.cpp",
+                  "llamacpp": "llama.cpp"}
+
+
+def engine_for_target(target_engine: str) -> str | None:
+    """The export engine a cost-model target's engine serves (None: no export rules)."""
+    return TARGET_ENGINES.get(target_engine)
 
 
 # ------------------------------------------------------------------ README

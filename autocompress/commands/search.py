@@ -124,6 +124,9 @@ def search_command(
     protect_first_last: bool = typer.Option(
         True, "--protect-first-last/--no-protect-first-last",
         help="Keep both blocks of the first and last layers."),
+    export_engine: str | None = typer.Option(
+        None, help="Propose only what this engine computes exactly from `export --format "
+        "nemotron-nas`: vllm, trtllm, llama.cpp, hf, or `target` (the --target's engine)."),
     work_dir: Path | None = typer.Option(
         None, help="Checkpoint directory; an interrupted search resumes from it. "
         "Default: .<out stem>.search-work beside --out."),
@@ -145,10 +148,14 @@ def search_command(
 
     if score not in ("measured", "probability"):
         raise AutoCompressError(f"unknown --score {score!r}", hint="use measured or probability")
+    if export_engine == "target":
+        from autocompress.engine_rules import engine_for_target
+
+        export_engine = engine_for_target(target.split("/")[1] if "/" in target else "")
     config = SearchConfig(
         space=SpaceConfig(granularity=granularity, ffn_granularity=ffn_granularity,
                           head_fractions=_fractions(head_fractions),
-                          protect_first_last=protect_first_last),
+                          protect_first_last=protect_first_last, export_engine=export_engine),
         dnas=DNASConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed),
         score=score, threads=threads,
     )

@@ -46,6 +46,11 @@ class SpaceConfig(BaseModel):
         description="FFN widths are multiples of this (None = granularity); 256 suits the "
         "nemotron-nas ffn_mult export.",
     )
+    export_engine: str | None = Field(
+        default=None,
+        description="Offer only what this engine computes exactly from a nemotron-nas "
+        "export (vllm, trtllm, llama.cpp, hf: autocompress.engine_rules); None = no rules.",
+    )
 
 
 def space_options(teacher: ArchSpec, config: SpaceConfig | None = None
@@ -56,6 +61,10 @@ def space_options(teacher: ArchSpec, config: SpaceConfig | None = None
     The shapes are those of the first layer: the search starts from a homogeneous teacher.
     """
     config = config or SpaceConfig()
+    if config.export_engine:  # only shapes that engine computes exactly
+        from autocompress.engine_rules import space_overrides
+
+        config = config.model_copy(update=space_overrides(config.export_engine, teacher))
     att0, ffn0 = teacher.layers[0].attention, teacher.layers[0].ffn
     h, width = teacher.hidden_size, ffn0.intermediate_size
     gran = config.granularity

@@ -126,6 +126,14 @@ class SearchSpace:
                     space.allowed_attention[layer, -1] = False
                 if config.allow_no_ffn:
                     space.allowed_ffn[layer, -1] = False
+        if config.export_engine:  # no-ops that engine cannot run without a costly stand-in
+            from autocompress.engine_rules import banned_no_ops
+
+            for kind, layer in banned_no_ops(config.export_engine, teacher):
+                if kind == "attention" and config.allow_no_attention:
+                    space.allowed_attention[layer, -1] = False
+                if kind == "ffn" and config.allow_no_ffn:
+                    space.allowed_ffn[layer, -1] = False
         return space
 
     # ------------------------------------------------------------ queries
