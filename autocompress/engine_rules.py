@@ -125,7 +125,7 @@ RULES: tuple[Rule, ...] = (
         {
             "vllm": "vllm:220 an FFN before the first attention calls "
             "post_attention_layernorm(h, residual=None): the unpack fails",
-            "llama.cpp": "lcpp-model:1434-1455 head size read only if n_head(layer 0) > 0, "
+            "llama.cpp": "lcpp-model:1435-1458 head size read only if n_head(layer 0) > 0, "
             "else 0 for every layer",
             "trtllm": "trt-torch:154-172 plain residual adds",
         },
@@ -168,7 +168,7 @@ RULES: tuple[Rule, ...] = (
         {
             "vllm": "vllm:145-151 attention_bias -> o_proj, qkv_bias -> q/k/v; mlp_bias",
             "trtllm": "trt-torch:68,142 bias=False; trt-convert:248 reads only .weight tensors",
-            "llama.cpp": "lcpp-graph:49,70-72 and lcpp-model:3426-3428 optional bias tensors",
+            "llama.cpp": "lcpp-graph:49,70-72 and lcpp-model:3428-3430 optional bias tensors",
         },
         "all-zero biases are dropped (exact everywhere); otherwise serve with vllm or llama.cpp",
     ),
@@ -191,7 +191,7 @@ RULES: tuple[Rule, ...] = (
             "vllm": "vllm-llama:156 head_dim from the config",
             "trtllm": "trt-config:53 head_size is never passed by from_hugging_face: hidden/heads",
             "llama.cpp": "lcpp-convert:111-112 key_length = hidden // heads but lcpp-convert:123 "
-            "rope dim = head_dim: lcpp-model:1450 'invalid n_rot'",
+            "rope dim = head_dim: lcpp-model:1452 'invalid n_rot'",
         },
         "keep hidden = num_heads x head_dim (no hidden pruning, or prune heads with it)",
     ),
@@ -242,7 +242,7 @@ RULES: tuple[Rule, ...] = (
         _all("refused", hf="exact"),
         {
             "vllm": "vllm-llama:110 LlamaMLP: 'Only silu is supported'",
-            "trtllm": "trt-torch:138-145 GatedMLP with its default (trt-mlp:34 F.silu)",
+            "trtllm": "trt-torch:138-145 GatedMLP with its default (trt-mlp:35 F.silu)",
             "llama.cpp": "lcpp-graph:165 LLM_FFN_SILU",
         },
         "serve with hf",
