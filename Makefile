@@ -14,7 +14,7 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv browser demo test lint bench clean
 
 venv: $(STAMP)
 
@@ -40,7 +40,15 @@ $(STAMP): pyproject.toml requirements.lock requirements-nodeps.lock
 demo: venv
 	$(VENV)/bin/autocompress demo
 
-test: venv
+# tests/test_served.py renders the MLflow and Prefect UIs in headless Chromium (Debian's
+# `chromium`). Installed here when missing and we may (root with apt-get, as in CI).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends chromium >/dev/null; } \
+		|| echo "chromium is missing (apt-get install chromium): tests/test_served.py will fail"
+
+test: venv browser
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: venv

@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "pipeline",
     "bench",
     "demo",
+    "serve",
 ]
 
 app = typer.Typer(

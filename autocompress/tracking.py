@@ -311,6 +311,7 @@ class Lineage(BaseModel):
     scores: dict[str, float] = Field(default_factory=dict)
     measured: dict[str, float] = Field(default_factory=dict)
     flow_run_id: str | None = None
+    trigger_event: str | None = Field(None, description="id of the event that started the run")
     code_version: str = Field(default_factory=code_version)
     # Stage name -> artifact, in pipeline order (the chain from teacher to model).
     artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
@@ -319,7 +320,7 @@ class Lineage(BaseModel):
         """Flat string tags for a model version (searchable in the MLflow UI)."""
         tags: dict[str, str] = {}
         for key in ("teacher", "teacher_sha256", "data_fingerprint", "costmodel_version",
-                    "target", "workload", "flow_run_id", "code_version"):
+                    "target", "workload", "flow_run_id", "trigger_event", "code_version"):
             value = getattr(self, key)
             if value is not None:
                 tags[f"lineage.{key}"] = _text(value, _MAX_TAG)

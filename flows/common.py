@@ -44,6 +44,8 @@ class StepOutcome(BaseModel):
     name: str
     state: str  # Completed | Cached | Failed ...
     seconds: float
+    pool: str | None = None  # the work pool of a placed step (None: in the flow's process)
+    worker: dict[str, str] = Field(default_factory=dict)  # where a placed step ran
 
 
 class FlowReport(BaseModel):
@@ -78,11 +80,13 @@ class FlowReport(BaseModel):
 
 @contextmanager
 def tracked_flow(flow: str, params: dict[str, Any], experiment: str = "autocompress",
-                 store: str | None = None, track: bool = True) -> Iterator[RunInfo]:
+                 store: str | None = None, track: bool = True,
+                 tags: dict[str, str] | None = None) -> Iterator[RunInfo]:
     """The flow's MLflow parent run and the ``RunInfo`` handed to every stage.
 
     A retried flow run (``prefect flow-run retry``) re-opens its own parent run
-    instead of starting another one.
+    instead of starting another one. ``tags`` are added to the parent run (e.g.
+    the event that triggered the flow run).
     """
     flow_run_id = _flow_run_id()
     store_uri = Store.from_uri(store).uri
@@ -92,7 +96,7 @@ def tracked_flow(flow: str, params: dict[str, Any], experiment: str = "autocompr
         parent = _existing_parent(tracker, flow_run_id) or tracker.start_run(
             runtime.flow_run.name or flow,
             tags={"prefect.flow_run_id": flow_run_id or "", "autocompress.flow": flow,
-                  "autocompress.store": store_uri},
+                  "autocompress.store": store_uri, **(tags or {})},
             params=params,
         )
     info = RunInfo(parent_run_id=parent, experiment=experiment,
@@ -130,8 +134,12 @@ def _existing_parent(tracker, flow_run_id: str | None) -> str | None:
 
 
 def run_steps(steps: Sequence[Step], values: dict[str, Any], run: RunInfo,
-              report: FlowReport) -> dict[str, Any]:
-    """Call each step in order; its output joins ``values`` under the step's name."""
+              report: FlowReport, placement: dict[str, str] | None = None) -> dict[str, Any]:
+    """Call each step in order; its output joins ``values`` under the step's name.
+
+    ``placement`` maps step names to work pools: those steps run on a worker of
+    that pool (``flows.placement``), the others in this process.
+    """
     logger = get_run_logger()
     tracker = run.tracker()
     for step in steps:
@@ -141,12 +149,24 @@ def run_steps(steps: Sequence[Step], values: dict[str, Any], run: RunInfo,
         kwargs = {param: values[src] for param, src in step.inputs.items()}
         started = time.perf_counter()
         step_run = run.model_copy(update={"step": step.name})
-        state = step.stage(**kwargs, run=step_run, return_state=True)
-        seconds = time.perf_counter() - started
-        report.steps.append(StepOutcome(name=step.name, state=state.name, seconds=seconds))
-        result = state.result()  # raises the stage's exception if it failed
+        pool = (placement or {}).get(step.name)
+        if pool:
+            from flows.placement import run_placed
+
+            state_name, result, worker = run_placed(step.stage, kwargs, step_run, pool, step.name)
+            report.steps.append(StepOutcome(name=step.name, state=state_name, pool=pool,
+                                            worker=worker,
+                                            seconds=time.perf_counter() - started))
+        else:
+            state = step.stage(**kwargs, run=step_run, return_state=True)
+            state_name = state.name
+            report.steps.append(StepOutcome(name=step.name, state=state_name,
+                                            seconds=time.perf_counter() - started))
+            result = state.result()  # raises the stage's exception if it failed
         values[step.name] = result
-        logger.info("%s: %s in %.1fs", step.name, state.name, seconds)
+        seconds = report.steps[-1].seconds
+        logger.info("%s: %s in %.1fs%s", step.name, state_name, seconds,
+                    f" on pool {pool}" if pool else "")
         if tracker is not None and run.parent_run_id:
             t0 = time.perf_counter()
             for ref_name, ref in refs_in(result, step.name).items():

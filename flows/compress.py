@@ -171,6 +171,8 @@ def compress(
     experiment: str = "autocompress",
     store: str | None = None,
     track: bool = True,
+    placement: dict[str, str] | None = None,
+    trigger_event: str | None = None,
 ) -> FlowReport:
     """Compress ``teacher`` to meet ``limits`` on ``target`` for ``workload``.
 
@@ -194,6 +196,10 @@ def compress(
         store: artifact store (dir, ``file://`` or ``s3://bucket/prefix``; default
             ``$AUTOCOMPRESS_STORE`` or ``$AUTOCOMPRESS_HOME/artifacts``).
         track: log to MLflow (off: only Prefect + the artifact store).
+        placement: step name -> work pool, e.g. ``{"model": "accelerator"}``: those
+            steps run on a worker of that pool (served flows; see prefect.yaml).
+        trigger_event: id of the Prefect event that started this run (set by the
+            deployment's trigger); recorded in the MLflow run and the lineage.
     """
     from autocompress.paths import default_corpus_dir
 
@@ -207,7 +213,8 @@ def compress(
               "limits": limits.model_dump(exclude_none=True),
               "budget_fraction": budget_fraction, "baseline": baseline, "method": method,
               "eval_tasks": eval_tasks, "eval_limit": eval_limit, "options": options or {}}
-    with tracked_flow("compress", params, experiment, store, track) as run:
+    tags = {"autocompress.trigger_event": trigger_event} if trigger_event else None
+    with tracked_flow("compress", params, experiment, store, track, tags=tags) as run:
         report = new_report("compress", run)
         values: dict[str, Any] = {
             **params,
@@ -219,9 +226,9 @@ def compress(
             # options["<stage>"] reaches that stage as its `options` input.
             **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS},
         }
-        run_steps(steps, values, run, report)
+        run_steps(steps, values, run, report, placement)
         if baseline:
-            run_steps(BASELINE_STEPS, values, run, report)
+            run_steps(BASELINE_STEPS, values, run, report, placement)
         verification = values["verification"]
         if not verification.metrics.get("ok"):
             report.notes.append("the compressed model misses its limits when measured "
@@ -229,6 +236,7 @@ def compress(
         elif register_as:
             values["register_as"] = register_as
             values["lineage"] = build_lineage(values, params, run.flow_run_id, CHAIN)
+            values["lineage"].trigger_event = trigger_event
             run_steps([REGISTER_STEP], values, run, report)
         report.outputs = {step.name: values[step.name]
                           for step in [*COMPRESS_STEPS, *BASELINE_STEPS, REGISTER_STEP]

@@ -30,9 +30,27 @@ from flows.common import (
 from tasks.data import prepare_corpus
 from tasks.evaluation import evaluate_model
 from tasks.registry import register_model
+from tasks.teacher import publish_teacher
 from tasks.teacher import train_teacher as train_teacher_stage
 
 TEACHER_EVENT = "autocompress.teacher.registered"
+
+def announce_teacher(registered, model) -> str:
+    """Emit ``autocompress.teacher.registered`` for a registered teacher; return the event id.
+
+    The payload names the registry entry (``model_uri`` = ``models:/NAME/VERSION``),
+    which the ``on-new-teacher`` trigger in prefect.yaml hands to ``compress``.
+    """
+    event = emit_event(
+        event=TEACHER_EVENT,
+        resource={"prefect.resource.id": f"mlflow.model.{registered.name}",
+                  "prefect.resource.name": registered.name},
+        payload={"name": registered.name, "version": registered.version,
+                 "uri": model.uri, "sha256": model.sha256,
+                 "model_uri": f"models:/{registered.name}/{registered.version}"},
+    )
+    return str(event.id) if event is not None else ""
+
 
 TEACHER_STEPS: list[Step] = [
     Step("corpus", prepare_corpus, corpus_dir="corpus_dir"),
@@ -92,15 +110,40 @@ def train_teacher(
             )
             run_steps([Step("registered", register_model, name="register_as", model="model",
                             lineage="lineage")], values, run, report)
-            registered = values["registered"]
-            emit_event(
-                event=TEACHER_EVENT,
-                resource={"prefect.resource.id": f"mlflow.model.{registered.name}",
-                          "prefect.resource.name": registered.name},
-                payload={"name": registered.name, "version": registered.version,
-                         "uri": model.uri, "sha256": model.sha256,
-                         "model_uri": f"models:/{registered.name}/{registered.version}"},
-            )
+            announce_teacher(values["registered"], model)
         report.outputs = {k: values[k] for k in ("corpus", "model", "evaluation", "registered")
                           if k in values}
+        return finish_report(report, run, started)
+
+
+@flow(name="register_teacher")
+def register_teacher(
+    model_dir: str,
+    register_as: str = "autocompress-teacher",
+    experiment: str = "autocompress-teacher",
+    store: str | None = None,
+) -> FlowReport:
+    """Register an existing model directory as a teacher and announce it by event.
+
+    The directory is published to the artifact store (content hash), registered in
+    MLflow with its lineage, and ``autocompress.teacher.registered`` is emitted, so
+    a served ``on-new-teacher`` deployment compresses it.
+    """
+    started = time.perf_counter()
+    params = {"model_dir": model_dir, "register_as": register_as}
+    with tracked_flow("register_teacher", params, experiment, store) as run:
+        report = new_report("register_teacher", run)
+        values: dict[str, Any] = {"teacher_dir": Path(model_dir), "register_as": register_as,
+                                  "label": Path(model_dir).name}
+        run_steps([Step("model", publish_teacher, teacher_dir="teacher_dir", label="label")],
+                  values, run, report)
+        model = values["model"]
+        values["lineage"] = Lineage(teacher=f"registered:{Path(model_dir).name}",
+                                    teacher_sha256=model.sha256, flow_run_id=run.flow_run_id,
+                                    artifacts={"model": model})
+        run_steps([Step("registered", register_model, name="register_as", model="model",
+                        lineage="lineage")], values, run, report)
+        event_id = announce_teacher(values["registered"], model)
+        report.notes.append(f"emitted {TEACHER_EVENT} {event_id}")
+        report.outputs = {k: values[k] for k in ("model", "registered")}
         return finish_report(report, run, started)

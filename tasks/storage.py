@@ -36,13 +36,13 @@ def result_storage():
     store = os.environ.get("AUTOCOMPRESS_STORE", "")
     if explicit:
         if explicit.startswith("s3://"):
-            return _saved_s3_block(explicit, s3_endpoint_url())
+            return saved_s3_block(explicit, s3_endpoint_url())
         if "/" in explicit and not explicit.startswith(("/", ".", "~")) \
                 and not Path(explicit).exists():
             return explicit  # a block slug: Prefect loads the saved block
         return Path(explicit).expanduser().resolve()
     if store.startswith("s3://"):
-        return _saved_s3_block(store.rstrip("/") + "/prefect-results", s3_endpoint_url())
+        return saved_s3_block(store.rstrip("/") + "/prefect-results", s3_endpoint_url())
     if os.environ.get("PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK"):
         return None
     from autocompress.paths import home
@@ -50,8 +50,8 @@ def result_storage():
     return home() / "prefect-results"
 
 
-def _saved_s3_block(uri: str, endpoint_url: str | None) -> str:
-    """The slug of a saved S3Bucket block for ``uri`` (saved once per API server)."""
+def saved_s3_block(uri: str, endpoint_url: str | None) -> str:
+    """The slug of the S3Bucket block for ``uri``, saved on the API server once per process."""
     from prefect.settings import PREFECT_API_URL
 
     return _save_once(uri, endpoint_url, PREFECT_API_URL.value())

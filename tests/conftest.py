@@ -88,3 +88,13 @@ def prefect_server():
                              PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 600}):
         with prefect_test_harness(server_startup_timeout=600):
             yield
+
+
+@pytest.fixture(scope="session")
+def mlflow_db_template(tmp_path_factory) -> Path:
+    """An MLflow sqlite database with its schema created once (migrations cost ~10 s)."""
+    from autocompress.tracking import Tracker
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    Tracker("warmup", uri=f"sqlite:///{path}", artifact_location=path.parent.as_uri())
+    return path

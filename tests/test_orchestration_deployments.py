@@ -60,8 +60,13 @@ def test_entrypoints_load_and_parameters_validate(deployments):
 
     names = set()
     for dep in deployments:
-        flow = load_flow_from_entrypoint(str(ROOT / dep["entrypoint"]))
+        # Module paths (no ':'), so workers import the installed package and need
+        # no pull step (prefect.yaml has `pull: []`).
+        assert ":" not in dep["entrypoint"], dep["entrypoint"]
+        flow = load_flow_from_entrypoint(dep["entrypoint"])
         names.add(dep["name"])
+        if dep["entrypoint"] == "flows.placement.run_stage":
+            continue  # started by other flows, with the placed step as parameters
         params = dep.get("parameters", {})
         flow.validate_parameters(params)  # raises on unknown or ill-typed parameters
         for trigger in dep.get("triggers") or []:
@@ -69,6 +74,21 @@ def test_entrypoints_load_and_parameters_validate(deployments):
                                    for k, v in trigger.get("parameters", {}).items()}}
             flow.validate_parameters(merged)
     assert len(names) == len(deployments), "deployment names must be unique"
+
+
+def test_placement_names_steps_and_pools_that_exist(deployments):
+    from flows.compress import BASELINE_STEPS, COMPRESS_STEPS
+    from flows.smoke import SMOKE_STEPS
+
+    steps = {s.name for s in [*COMPRESS_STEPS, *BASELINE_STEPS, *SMOKE_STEPS]}
+    pools = {dep["work_pool"]["name"] for dep in deployments}
+    stage_pools = {dep["name"] for dep in deployments
+                   if dep["entrypoint"] == "flows.placement.run_stage"}
+    assert stage_pools == pools  # every pool can run a placed step
+    for dep in deployments:
+        placement = dep.get("parameters", {}).get("placement") or {}
+        assert set(placement) <= steps, dep["name"]
+        assert set(placement.values()) <= pools, dep["name"]
 
 
 def test_schedules_and_triggers_pass_prefects_validation(deployments):
@@ -98,7 +118,10 @@ def test_event_trigger_matches_what_the_teacher_flow_emits(spec):
                              for d in triggered for t in d["triggers"])
     # The template names payload keys the flow puts in the event.
     source = (ROOT / "flows" / "train_teacher.py").read_text()
-    assert '"name": registered.name' in source and '"version": registered.version' in source
+    for dep in triggered:
+        for trigger in dep["triggers"]:
+            assert trigger["parameters"]["teacher"] == "{{ event.payload.model_uri }}"
+    assert '"model_uri": f"models:/{registered.name}/{registered.version}"' in source
 
 
 def test_work_pools_and_kubernetes_gpu_template(deployments):
@@ -107,19 +130,19 @@ def test_work_pools_and_kubernetes_gpu_template(deployments):
     from prefect.workers.process import ProcessWorker
 
     template = json.loads(K8S_TEMPLATE.read_text())
-    WorkPoolCreate(name="autocompress-k8s-gpu", type="kubernetes", base_job_template=template)
+    WorkPoolCreate(name="accelerator", type="kubernetes", base_job_template=template)
     manifest = template["job_configuration"]["job_manifest"]
     container = manifest["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu }}"
     pools = {dep["work_pool"]["name"]: dep["work_pool"] for dep in deployments}
-    assert set(pools) == {"autocompress-process", "autocompress-docker", "autocompress-k8s-gpu"}
-    k8s_vars = pools["autocompress-k8s-gpu"].get("job_variables", {})
-    validate(k8s_vars, template["variables"], raise_on_error=True, preprocess=True,
-             ignore_required=True)
+    assert set(pools) == {"cpu", "accelerator"}
+    # The same deployments run on process pools (`autocompress serve`) and on
+    # Kubernetes pools of the same names: their job variables fit both.
     process_template = ProcessWorker.get_default_base_job_template()
-    validate(pools["autocompress-process"].get("job_variables", {}),
-             process_template["variables"], raise_on_error=True, preprocess=True,
-             ignore_required=True)
+    for pool in pools.values():
+        for variables in (template["variables"], process_template["variables"]):
+            validate(pool.get("job_variables", {}), variables, raise_on_error=True,
+                     preprocess=True, ignore_required=True)
 
 
 def test_compose_file_has_the_services_it_promises():

@@ -32,7 +32,7 @@ from prefect import flow  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from autocompress.artifacts import ArtifactRef, Store  # noqa: E402
-from autocompress.tracking import Lineage, Tracker, get_tracker  # noqa: E402
+from autocompress.tracking import Lineage, get_tracker  # noqa: E402
 from flows.common import (  # noqa: E402
     FlowReport,
     Step,
@@ -142,14 +142,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def mlflow_db_template(tmp_path_factory) -> Path:
-    """An MLflow sqlite database with its schema created once (migrations cost ~10 s)."""
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    Tracker("warmup", uri=f"sqlite:///{path}", artifact_location=path.parent.as_uri())
-    return path
 
 
 @pytest.fixture
@@ -327,7 +319,8 @@ def mlflow_server(env, mlflow_db_template):
          "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
          "--artifacts-destination", str(env / "mlartifacts")],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true",
+             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # 8 idle processes fewer
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300  # slow on a loaded 2-core machine

@@ -213,7 +213,7 @@ def _print_lineage(report) -> None:
     facts.add_column(style="dim")
     facts.add_column()
     for key in ("teacher", "teacher_sha256", "data_fingerprint", "costmodel_version", "target",
-                "workload", "flow_run_id", "code_version"):
+                "workload", "flow_run_id", "trigger_event", "code_version"):
         value = getattr(info, key)
         if value is not None:
             facts.add_row(key, str(value))

@@ -132,6 +132,23 @@ def card(
     typer.echo(f"wrote {path}")
 
 
+@teacher_app.command("register")
+def register_command(
+    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory."),
+    name: str = typer.Option("autocompress-teacher", help="MLflow registry name."),
+) -> None:
+    """Register a model directory as a teacher and emit autocompress.teacher.registered.
+
+    Under `autocompress serve` (PREFECT_API_URL set) the event starts the
+    `on-new-teacher` deployment, which compresses this teacher.
+    """
+    from flows.train_teacher import register_teacher
+
+    report = register_teacher(model_dir=str(model_dir), register_as=name)
+    registered = report.outputs["registered"]
+    typer.echo(f"registered {registered.name}@{registered.version}; {report.notes[-1]}")
+
+
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
     app.add_typer(teacher_app, name="teacher")

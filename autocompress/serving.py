@@ -1,0 +1,181 @@
+"""A local serving stack as process groups: Prefect server, MLflow server, workers.
+
+``autocompress serve`` and the served integration test start the same pieces
+through this module, so what the test checks is what a user runs. Each piece is
+a subprocess in its own session (process group): stopping it signals the whole
+group, so the server's uvicorn workers and a worker's flow-run processes go with
+it and nothing is orphaned. Every wait has a deadline.
+
+No Prefect import here (the library stays Prefect-free): the Prefect and MLflow
+command lines are started as programs and probed over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autocompress.errors import AutoCompressError
+
+# Flow-run processes import torch, transformers and mlflow; on a loaded 2-core
+# machine a server's first start (database migrations) takes tens of seconds.
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def venv_program(name: str) -> str:
+    """A console script of this Python's environment (``prefect``, ``mlflow``)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+@dataclass
+class Service:
+    """One started process group and the log it writes."""
+
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    url: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole group (the leader may be gone while children linger)."""
+        _signal_group(self.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class Stack:
+    """The services started so far, stopped in reverse order."""
+
+    services: list[Service] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], log: Path,
+              cwd: Path | None = None, url: str | None = None) -> Service:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        if cwd is not None:
+            cwd.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    cwd=cwd, start_new_session=True,
+                                    stdin=subprocess.DEVNULL)
+        service = Service(name, proc, log, url)
+        self.services.append(service)
+        return service
+
+    def get(self, name: str) -> Service:
+        for service in self.services:
+            if service.name == name:
+                return service
+        raise KeyError(name)
+
+    def stop(self, name: str | None = None, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop one service by name, or all of them at once.
+
+        All groups get SIGTERM together and share one deadline; what is left
+        then gets SIGKILL (a worker waits for its flow runs, a server drains).
+        """
+        chosen = [s for s in self.services if name is None or s.name == name]
+        for service in chosen:
+            _signal_group(service.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for service in chosen:
+            try:
+                service.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for service in chosen:
+            service.kill()
+            self.services.remove(service)
+
+    def check(self) -> None:
+        """Raise if a service died (its log tail says why)."""
+        for service in self.services:
+            if not service.alive():
+                raise AutoCompressError(
+                    f"{service.name} exited with code {service.proc.returncode}: "
+                    f"{service.log_tail(600).strip()}",
+                    f"see the full log at {service.log}")
+
+
+def wait_http(service: Service, path: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Wait until ``service.url + path`` answers 200, the process dies, or the deadline."""
+    deadline = time.monotonic() + timeout
+    url = f"{service.url}{path}"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if not service.alive():
+            raise AutoCompressError(f"{service.name} exited while starting: "
+                                    f"{service.log_tail(800).strip()}",
+                                    f"see the full log at {service.log}")
+        if time.monotonic() > deadline:
+            raise AutoCompressError(f"{service.name} did not answer {url} in {timeout:.0f} s",
+                                    f"see its log at {service.log}")
+        time.sleep(0.5)
+
+
+def prefect_server_argv(port: int) -> list[str]:
+    return [venv_program("prefect"), "server", "start", "--host", "127.0.0.1",
+            "--port", str(port), "--analytics-off", "--log-level", "WARNING"]
+
+
+def mlflow_server_argv(port: int, backend_uri: str, artifacts: str) -> list[str]:
+    return [venv_program("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", "1", "--backend-store-uri", backend_uri,
+            "--artifacts-destination", artifacts]
+
+
+def worker_argv(pool: str, name: str) -> list[str]:
+    return [venv_program("prefect"), "worker", "start", "--pool", pool, "--type", "process",
+            "--name", name]
+
+
+def worker_env(base: dict[str, str], home: Path) -> dict[str, str]:
+    """A worker's environment: its own AutoCompress and Prefect homes under ``home``.
+
+    Nothing else is local to it: the artifact store, Prefect's results and MLflow
+    are named by ``base`` (S3 and servers, or shared directories on one machine).
+    """
+    return {**base, "AUTOCOMPRESS_HOME": str(home), "PREFECT_HOME": str(home / "prefect")}
