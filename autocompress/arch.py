@@ -18,15 +18,14 @@ The JSON form is deliberately small so users and other tools can write it::
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
 
 # Model types whose config we know how to read into a spec.
@@ -276,7 +275,7 @@ class ArchSpec(BaseModel):
         """JSON text (null for removed blocks); also written to ``path`` if given."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
-            _atomic_write_text(Path(path), text + "\n")
+            write_text_atomic(Path(path), text + "\n")
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -462,16 +461,3 @@ def _spec_from_hetero_config(config: Any) -> ArchSpec:
         mlp_bias=bool(config.mlp_bias),
         qk_norm=bool(config.qk_norm),
     )
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temp file + rename so a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +33,11 @@ import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
 from autocompress import distributed
+from autocompress.atomic import check_out_dir, publishing_dir, remove_path, write_json_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.losses import kd_loss
 from autocompress.teacher_outputs import TeacherOutputs, cached_kd_loss, model_digest, tensor_digest
-from autocompress.training import TrainConfig, TrainState, train
+from autocompress.training import TrainConfig, TrainState, latest_checkpoint, train
 
 # Config fields that may change when a run resumes: they do not alter the losses
 # (the global batch stays the same whatever the processes and accumulation).
@@ -315,6 +314,7 @@ def distill(
     on_step: Callable[[int, float], None] | None = None,
     teacher_id: str | None = None,
     outputs_dir: Path | None = None,
+    overwrite: bool = False,
 ) -> DistillResult:
     """Distil ``teacher`` into ``student`` for ``config.tokens`` tokens.
 
@@ -329,11 +329,13 @@ def distill(
     ``outputs_dir`` is where they live (default ``$AUTOCOMPRESS_HOME/teacher-outputs``).
     """
     ctx = distributed.context()
+    own_work_dir = work_dir is None
     out_dir, work_dir = Path(out_dir), Path(work_dir or default_work_dir(out_dir))
     _check_pair(teacher, student)
     finished = _finished_run(out_dir, work_dir, config) if resume else None
     if finished is not None:
         return finished
+    check_out_dir(out_dir, overwrite)  # before the work, not after it
     _prepare_work_dir(work_dir, config, resume, ctx)
 
     layer_map = _layer_map(teacher, student, config)
@@ -361,9 +363,9 @@ def distill(
     if ctx.is_main:
         # FSDP left the student's parameters sharded: rebuild a plain copy to save.
         final = student_cls(student.config) if fsdp else student
-        _publish(out_dir, final, weights, tokenizer, result)
+        _publish(out_dir, final, weights, tokenizer, result, overwrite)
         if not config.keep_checkpoints:
-            shutil.rmtree(work_dir, ignore_errors=True)
+            _clean_work_dir(work_dir, own_work_dir)
     distributed.barrier(ctx)
     return result
 
@@ -500,7 +502,7 @@ def choose_bf16(module, loss_fn, batch_fn, config: DistillConfig, device, ctx,
 def _finished_run(out_dir: Path, work_dir: Path, config: DistillConfig) -> DistillResult | None:
     """The record of a run that already completed with these settings, if any."""
     record = out_dir / "distill.json"
-    if (work_dir / "checkpoints" / "last").exists() or not record.exists():
+    if latest_checkpoint(work_dir / "checkpoints") is not None or not record.exists():
         return None
     result = DistillResult.model_validate_json(record.read_text())
     now = config.model_dump(mode="json")
@@ -546,7 +548,7 @@ def _place_teacher(teacher, device: torch.device, fsdp: bool, ctx) -> torch.nn.M
 def _prepare_work_dir(work_dir: Path, config: DistillConfig, resume: bool, ctx) -> None:
     """Refuse to clobber or mis-resume a checkpoint; record the config."""
     saved = work_dir / "distill_config.json"
-    has_ckpt = (work_dir / "checkpoints" / "last").exists()
+    has_ckpt = latest_checkpoint(work_dir / "checkpoints") is not None
     if has_ckpt and not resume:
         raise AutoCompressError(
             f"{work_dir} holds a checkpoint of an earlier distillation run",
@@ -565,7 +567,7 @@ def _prepare_work_dir(work_dir: Path, config: DistillConfig, resume: bool, ctx) 
     distributed.barrier(ctx)  # every rank has checked before rank 0 writes
     if ctx.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(saved, config.model_dump(mode="json"))
+        write_json_atomic(saved, config.model_dump(mode="json"), indent=1)
     distributed.barrier(ctx)
 
 
@@ -583,7 +585,7 @@ def _reference_evals(work_dir: Path, teacher, module, batches, device, ctx) -> d
             reference["initial"] = make_eval_fn(teacher, batches, device)(module)
         module.train()
     if ctx.is_main:
-        _write_json(path, reference)
+        write_json_atomic(path, reference, indent=1)
     distributed.barrier(ctx)
     return reference
 
@@ -610,25 +612,22 @@ def _student_weights(module: DistillStudent) -> dict[str, torch.Tensor]:
     return {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
 
 
-def _publish(out_dir: Path, model, weights, tokenizer, result: DistillResult) -> None:
+def _publish(out_dir: Path, model, weights, tokenizer, result: DistillResult,
+             overwrite: bool) -> None:
     """Write the final student to a temp dir, then swap it in."""
     if weights is not None:
         model.load_state_dict(weights)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    _write_json(tmp / "distill.json", result.model_dump(mode="json"))
-    old = out_dir.with_name(out_dir.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    with publishing_dir(out_dir, overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / "distill.json", result.model_dump(mode="json"), indent=1)
 
 
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+def _clean_work_dir(work_dir: Path, own: bool) -> None:
+    """Drop the checkpoints: the whole default dir, or only our files in a given one."""
+    if own:
+        remove_path(work_dir)
+        return
+    for name in ("checkpoints", "distill_config.json", "reference_eval.json"):
+        remove_path(work_dir / name)

@@ -37,9 +37,7 @@ v5 ``LlamaConfig`` with ``per_layer_config`` overrides (``skip`` lists
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +46,8 @@ from pydantic import BaseModel
 from safetensors.torch import save_file
 
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
+from autocompress.atomic import check_out_dir, publishing_dir
 from autocompress.engine_rules import FFN_MULTIPLE, EnginePlan, ModelFacts, plan_for
-from autocompress.errors import AutoCompressError
 
 _COPIED_FILES = (
     "tokenizer.json",
@@ -327,11 +325,7 @@ def export_nemotron_nas(
     """
     from autocompress.modeling import arch_spec_of, load_causal_lm
 
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise AutoCompressError(
-            f"{out_dir} exists and is not empty", hint="pass another --out, or --overwrite"
-        )
+    out_dir = check_out_dir(out_dir, overwrite)
     model, _ = load_causal_lm(model_dir, with_tokenizer=False)
     facts = ModelFacts.of(model, model_dir)
     plan = plan_for(facts, engines)
@@ -340,7 +334,7 @@ def export_nemotron_nas(
     config = nemotron_nas_config(spec, model.config, facts)
     config["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
     record = per_layer_config_record(spec, model.config)
-    _write(out_dir, model_dir, state, config, record)
+    _write(out_dir, model_dir, state, config, record, overwrite)
     return ExportReport(
         out_dir=str(out_dir),
         format="nemotron-nas",
@@ -353,11 +347,9 @@ def export_nemotron_nas(
     )
 
 
-def _write(out_dir: Path, model_dir, state, config, record) -> None:
+def _write(out_dir: Path, model_dir, state, config, record, overwrite: bool) -> None:
     """Write everything into a temporary sibling, then move it into place."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with publishing_dir(out_dir, overwrite=overwrite) as tmp:
         save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "per_layer_config.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -367,12 +359,6 @@ def _write(out_dir: Path, model_dir, state, config, record) -> None:
             source = Path(model_dir) / name
             if source.is_file():
                 shutil.copy(source, tmp / name)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 # ------------------------------------------------------------------ reading

@@ -36,6 +36,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress import paths
+from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
 
 PROFILE_VERSION = 1
@@ -394,12 +395,7 @@ def profile_path() -> Path:
 
 def save_profile(profile: HardwareProfile, path: Path | None = None) -> Path:
     """Write the profile as JSON atomically (temp file + rename)."""
-    path = path or profile_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(profile.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path or profile_path(), profile.model_dump_json(indent=2) + "\n")
 
 
 def load_profile(refresh: bool = False, path: Path | None = None) -> HardwareProfile:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from autocompress.arch import ArchSpec
+from autocompress.atomic import atomic_path
 from autocompress.errors import AutoCompressError
 from autocompress.modeling.blocks import decoder_layers
 
@@ -158,15 +157,8 @@ class Importance:
             "num_tokens": str(self.num_tokens),
             "meta": json.dumps(self.meta),
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
+        with atomic_path(path) as tmp:
             save_file(tensors, tmp, metadata=meta)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         return path
 
     @classmethod

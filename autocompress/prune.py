@@ -22,10 +22,6 @@ Keeping everything reproduces the teacher exactly (the correctness test).
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +29,7 @@ import torch
 from torch import nn
 
 from autocompress.arch import ArchSpec, LayerSpec
+from autocompress.atomic import check_out_dir, publishing_dir, write_json_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.importance import Importance
 
@@ -318,6 +315,7 @@ def prune_checkpoint(
     seed: int = 0,
     depth_metric: str = "cosine",
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Prune the model in ``teacher_dir`` to ``spec`` and save it (+ tokenizer) to ``out_dir``.
 
@@ -325,11 +323,13 @@ def prune_checkpoint(
     (``calibration``: an ``importance.CalibrationConfig``). ``random_channels``
     ignores importance and keeps random channels (the ablation baseline).
     Writes ``surgery.json`` (teacher, shapes, layer map, parameter counts) beside
-    the weights; the directory appears only once complete.
+    the weights; the directory appears only once complete. A non-empty
+    ``out_dir`` is refused (before any work) unless ``overwrite``.
     """
     from autocompress.importance import importance_for_checkpoint, random_importance
     from autocompress.modeling import arch_spec_of, load_causal_lm
 
+    check_out_dir(out_dir, overwrite)
     teacher, tokenizer = load_causal_lm(teacher_dir)
     if random_channels:
         scores, source = random_importance(teacher, seed=seed), f"random(seed={seed})"
@@ -344,21 +344,9 @@ def prune_checkpoint(
     teacher_spec = arch_spec_of(teacher)
     record = describe_pruning(teacher_spec, arch_spec_of(student), student.config.source_layers)
     record.update({"teacher_dir": str(teacher_dir), "importance": source})
-    _save_atomically(student, tokenizer, record, Path(out_dir))
-    return record
-
-
-def _save_atomically(model, tokenizer, record: dict[str, Any], out_dir: Path) -> None:
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        model.save_pretrained(tmp)
+    with publishing_dir(out_dir, overwrite=overwrite) as tmp:
+        student.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        (tmp / "surgery.json").write_text(json.dumps(record, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_json_atomic(tmp / "surgery.json", record)
+    return record

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
+from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -146,9 +146,7 @@ def update_readme(readme: str | Path, data: dict) -> bool:
     new = replace_between_markers(readme.read_text(), readme_table(data))
     if new is None:
         return False
-    tmp = readme.with_name(f".{readme.name}.{os.getpid()}.tmp")
-    tmp.write_text(new)
-    os.replace(tmp, readme)
+    write_text_atomic(readme, new)
     return True
 
 
@@ -423,8 +421,4 @@ def write_report(data: dict, out_dir: str | Path) -> Path:
         png = plot_predicted_vs_measured(data, out_dir / "predicted_vs_measured.png")
         lines += ["## Cost model: predicted vs measured", "", f"![predicted vs measured]"
                   f"({png.name})", ""] + prediction_rows(data)
-    path = out_dir / "report.md"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(out_dir / "report.md", "\n".join(lines) + "\n")

@@ -10,8 +10,6 @@ hour.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -20,10 +18,11 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from autocompress.atomic import publishing_dir, write_json_atomic
 from autocompress.data.corpus import ensure_corpus, load_documents, load_manifest
 from autocompress.data.tokenizer import train_tokenizer
 from autocompress.data.tokens import PackedTokens
-from autocompress.training import TrainConfig, train
+from autocompress.training import TrainConfig, checkpoint_step, train
 
 
 class TeacherConfig(BaseModel):
@@ -88,11 +87,12 @@ def heldout_eval_fn(heldout: PackedTokens, n_batches: int, batch_size: int = 8):
 
 
 def train_teacher(out_dir: Path, cfg: TeacherConfig, work_dir: Path,
-                  corpus_dir: Path | None = None) -> dict:
+                  corpus_dir: Path | None = None, overwrite: bool = True) -> dict:
     """Train (or resume) the teacher; write a complete model dir to ``out_dir``.
 
     ``work_dir`` keeps the tokenizer and checkpoints, so an interrupted run
-    resumes from its last checkpoint. ``out_dir`` is replaced only at the end.
+    resumes from its last checkpoint. ``out_dir`` is replaced only at the end
+    (refused if it is not empty and ``overwrite`` is False).
     """
     torch.set_num_threads(cfg.threads)
     corpus_dir = ensure_corpus(corpus_dir)
@@ -105,7 +105,7 @@ def train_teacher(out_dir: Path, cfg: TeacherConfig, work_dir: Path,
     train_cfg = TrainConfig(max_steps=cfg.steps, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
                             seed=cfg.seed, ckpt_every=50, eval_every=200, bf16=cfg.bf16)
     started = time.time()
-    resumed_from = _checkpoint_step(work_dir / "checkpoints")
+    resumed_from = checkpoint_step(work_dir / "checkpoints")
     state = train(
         model, causal_lm_loss, lambda step: train_data.batch_at(step, cfg.batch_size, cfg.seed),
         train_cfg, ckpt_dir=work_dir / "checkpoints",
@@ -126,13 +126,8 @@ def train_teacher(out_dir: Path, cfg: TeacherConfig, work_dir: Path,
         "loss_curve": [h["loss"] for h in state.history[:: max(1, len(state.history) // 200)]],
         "torch_threads": cfg.threads,
     }
-    _publish(out_dir, model, tokenizer, card)
+    _publish(out_dir, model, tokenizer, card, overwrite)
     return card
-
-
-def _checkpoint_step(ckpt_dir: Path) -> int:
-    state = ckpt_dir / "last" / "train_state.json"
-    return json.loads(state.read_text())["step"] if state.exists() else 0
 
 
 def _tokenizer(path: Path, corpus_dir: Path, vocab_size: int):
@@ -142,22 +137,17 @@ def _tokenizer(path: Path, corpus_dir: Path, vocab_size: int):
         return PreTrainedTokenizerFast.from_pretrained(path)
     docs = load_documents(corpus_dir, "train")
     tok = train_tokenizer((d.text for d in docs), vocab_size)
-    tmp = path.with_name(path.name + ".tmp")
-    tok.save_pretrained(tmp)
-    os.replace(tmp, path)
+    with publishing_dir(path, overwrite=True) as tmp:
+        tok.save_pretrained(tmp)
     return tok
 
 
-def _publish(out_dir: Path, model, tokenizer, card: dict) -> None:
+def _publish(out_dir: Path, model, tokenizer, card: dict, overwrite: bool) -> None:
     """Write weights, tokenizer and training record, then swap the dir in."""
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "training.json").write_text(json.dumps(card, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    with publishing_dir(out_dir, overwrite=overwrite) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        write_json_atomic(tmp / "training.json", card, indent=1)
 
 
 def write_model_card(model_dir: Path, eval_json: Path | None = None) -> Path:

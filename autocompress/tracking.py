@@ -37,7 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from autocompress.artifacts import ArtifactRef, verify, write_json_atomic
+from autocompress.artifacts import ArtifactRef, verify
+from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
 
 DEFAULT_EXPERIMENT = "autocompress"

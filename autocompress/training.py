@@ -15,11 +15,9 @@ so a run may resume with another number of processes.
 
 from __future__ import annotations
 
-import json
 import math
-import os
+import pickle
 import random
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +28,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from autocompress import distributed
+from autocompress.atomic import publishing_dir, remove_path
 from autocompress.errors import AutoCompressError
 from autocompress.progress import Bar
 
@@ -90,8 +89,11 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
 
 
 def _rng_state() -> dict:
+    # Plain containers and tensors only, so the checkpoint loads with
+    # ``torch.load(weights_only=True)`` (numpy's state array becomes a list).
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": np.random.get_state()}
+             "numpy": [kind, keys.tolist(), pos, has_gauss, cached]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -99,14 +101,20 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # Checkpoints of FSDP runs key optimizer state by parameter name (full, unsharded).
 _BY_NAME = "full-by-name"
+# A checkpoint is a directory ``step-NNNNNNNN`` holding these two files; it gets
+# that name only once both are on disk (see _write_checkpoint).
+_STATE_FILE, _TENSORS_FILE = "train_state.json", "state.pt"
+_CKPT_PREFIX = "step-"
 
 
 def _checkpoint_blob(model, optimizer, ctx: distributed.DistContext) -> dict:
@@ -124,7 +132,7 @@ def _checkpoint_blob(model, optimizer, ctx: distributed.DistContext) -> dict:
 
 
 def save_checkpoint(ckpt_dir: Path, model, optimizer, state: TrainState) -> None:
-    """Write ``ckpt_dir/last`` atomically: a crash mid-write leaves the old one.
+    """Write a new checkpoint under ``ckpt_dir``; the previous one goes only after.
 
     Under torchrun every rank must call it (FSDP gathers shards); rank 0 writes.
     """
@@ -136,29 +144,54 @@ def save_checkpoint(ckpt_dir: Path, model, optimizer, state: TrainState) -> None
 
 
 def _write_checkpoint(ckpt_dir: Path, blob: dict, state: TrainState) -> None:
+    """Write ``step-N`` completely (fsynced), rename it in, then drop older ones.
+
+    At every instant the newest complete checkpoint is on disk under its final
+    name: the new one is written in a hidden temp directory and renamed only
+    once complete, and the old ones are deleted only after that rename.
+    """
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_dir / "last.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(blob, tmp / "state.pt")
-    (tmp / "train_state.json").write_text(state.model_dump_json())
-    final = ckpt_dir / "last"
-    old = ckpt_dir / "last.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    final = ckpt_dir / f"{_CKPT_PREFIX}{state.step:08d}"
+    with publishing_dir(final, overwrite=True) as tmp:
+        torch.save(blob, tmp / _TENSORS_FILE)
+        (tmp / _STATE_FILE).write_text(state.model_dump_json())
+    for path in ckpt_dir.iterdir():
+        if path != final and (path.name.startswith(_CKPT_PREFIX) or path.name.startswith(".")
+                              or path.name in ("last", "last.tmp", "last.old")):
+            remove_path(path)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint directory under ``ckpt_dir``, or None."""
+    if not ckpt_dir.is_dir():
+        return None
+    done = [p for p in ckpt_dir.iterdir() if p.name.startswith(_CKPT_PREFIX)
+            and p.name[len(_CKPT_PREFIX):].isdigit() and (p / _STATE_FILE).is_file()
+            and (p / _TENSORS_FILE).is_file()]
+    return max(done, key=lambda p: int(p.name[len(_CKPT_PREFIX):]), default=None)
+
+
+def checkpoint_step(ckpt_dir: Path) -> int:
+    """The step of the newest complete checkpoint (0 if none)."""
+    final = latest_checkpoint(ckpt_dir)
+    if final is None:
+        return 0
+    return TrainState.model_validate_json((final / _STATE_FILE).read_text()).step
 
 
 def load_checkpoint(ckpt_dir: Path, model, optimizer) -> TrainState | None:
-    """Restore ``ckpt_dir/last`` if present; None for a fresh run."""
-    final = ckpt_dir / "last"
-    if not (final / "train_state.json").exists():
+    """Restore the newest complete checkpoint under ``ckpt_dir``; None for a fresh run.
+
+    Tensors load with ``weights_only=True``: a checkpoint file someone else put
+    there can hold only tensors and plain containers, never code to run.
+    """
+    final = latest_checkpoint(ckpt_dir)
+    if final is None:
         return None
     ctx = distributed.context()
     try:
-        blob = torch.load(final / "state.pt", weights_only=False, map_location="cpu")
+        state = TrainState.model_validate_json((final / _STATE_FILE).read_text())
+        blob = torch.load(final / _TENSORS_FILE, weights_only=True, map_location="cpu")
         if blob.get("format") == _BY_NAME:
             distributed.load_full_state(model, optimizer, blob["model"], blob["optimizer"])
         elif distributed.is_sharded(model):
@@ -171,8 +204,14 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer) -> TrainState | None:
             optimizer.load_state_dict(blob["optimizer"])
         ranks = blob.get("rng_ranks") or [blob["rng"]]
         _set_rng_state(ranks[ctx.rank] if ctx.rank < len(ranks) else blob["rng"])
-        return TrainState.model_validate_json((final / "train_state.json").read_text())
-    except (RuntimeError, KeyError, EOFError, json.JSONDecodeError) as err:
+        return state
+    except pickle.UnpicklingError as err:
+        raise AutoCompressError(
+            f"checkpoint {final} holds more than tensors and was not loaded "
+            f"(possibly planted: {str(err).splitlines()[0][:120]})",
+            f"delete {ckpt_dir} to start over",
+        ) from None
+    except (RuntimeError, KeyError, ValueError, TypeError, EOFError) as err:
         raise AutoCompressError(
             f"checkpoint {final} is corrupt or from another model ({type(err).__name__})",
             f"delete {ckpt_dir} to start over",

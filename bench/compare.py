@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     sweep_report = run_sweep(args)
     data = build_results(sweep_report, args, time.perf_counter() - t0)
-    from autocompress.artifacts import write_json_atomic
+    from autocompress.atomic import write_json_atomic
 
     out = Path(args.json)
     write_json_atomic(out, data)

@@ -26,13 +26,14 @@ minutes (7 to fit, 15 to validate); ``--absolute`` about 6.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from autocompress.atomic import write_json_atomic
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -155,10 +156,7 @@ def main() -> None:
         "hardware": profile.cpu_spec().model_dump(mode="json"),
         "plot": str(png),
     })
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(args.out)
+    write_json_atomic(args.out, payload)
     if report.timing == "absolute":  # a floor of paired ratios means nothing
         other = "floor" if args.statistic == "median" else "median"
         print("against " + other + " timings: " + ", ".join(

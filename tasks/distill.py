@@ -20,6 +20,7 @@ def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
 
     from autocompress.distill import DEFAULT_TOKENS, DistillConfig, DistillData, distill
     from autocompress.modeling import load_causal_lm
+    from autocompress.training import latest_checkpoint
 
     config = DistillConfig.model_validate({"tokens": DEFAULT_TOKENS, **(options or {})})
     ctx.log_params({"distill": config.model_dump(mode="json")})
@@ -31,7 +32,7 @@ def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
     data = DistillData.from_corpus(tokenizer, ctx.working_copy(corpus), config.seq_len,
                                    heldout_windows=config.eval_batches * config.batch_size)
     work_dir = ctx.checkpoint_dir() / "distill"
-    resume = (work_dir / "checkpoints" / "last").exists()
+    resume = latest_checkpoint(work_dir / "checkpoints") is not None
     out_dir = ctx.scratch() / "model"
     # The teacher's cached outputs are keyed by its artifact hash: every student of
     # this teacher on this corpus (the baseline, sweeps, re-runs) reuses them.

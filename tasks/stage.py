@@ -54,7 +54,8 @@ from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
-from autocompress.artifacts import ArtifactRef, Store, sha256_path, write_json_atomic
+from autocompress.artifacts import ArtifactRef, Store, sha256_path
+from autocompress.atomic import write_json_atomic
 from autocompress.tracking import Tracker, get_tracker
 from tasks.code_key import code_key
 from tasks.storage import result_storage

@@ -21,6 +21,7 @@ from autocompress.distill import (
 )
 from autocompress.errors import AutoCompressError
 from autocompress.losses import kd_loss
+from autocompress.training import checkpoint_step
 
 VOCAB, SEQ = 96, 16
 
@@ -129,8 +130,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, alpha):
         distill(tiny_llama(4, 64, 0), tiny_llama(2, 32, 1), tiny_data(), cfg, out,
                 on_step=crash_at_7)
     assert not out.exists()  # no final model from an unfinished run
-    state = json.loads((default_work_dir(out) / "checkpoints/last/train_state.json").read_text())
-    assert state["step"] == 6  # last checkpoint before the kill
+    assert checkpoint_step(default_work_dir(out) / "checkpoints") == 6  # the last before it
     # fresh objects, as a new process would build them (weights come from the checkpoint)
     resumed = distill(tiny_llama(4, 64, 0), tiny_llama(2, 32, 7), tiny_data(), cfg, out,
                       resume=True)
@@ -225,9 +225,13 @@ def test_resuming_a_finished_run_returns_its_record(tmp_path):
     again = distill(tiny_llama(2, 32, 0), tiny_llama(1, 32, 1), tiny_data(), cfg, out,
                     resume=True, on_step=lambda step, loss: steps.append(step))
     assert steps == [] and again.history == first.history
-    # a larger budget is a different run: it trains
+    # a larger budget is a different run: it replaces the finished one only if asked
+    with pytest.raises(AutoCompressError, match="not empty"):
+        distill(tiny_llama(2, 32, 0), tiny_llama(1, 32, 1), tiny_data(),
+                config(tokens=8 * SEQ * 3), out, resume=True)
+    assert (out / "distill.json").exists()  # the refused run lost nothing
     longer = distill(tiny_llama(2, 32, 0), tiny_llama(1, 32, 1), tiny_data(),
-                     config(tokens=8 * SEQ * 3), out, resume=True)
+                     config(tokens=8 * SEQ * 3), out, resume=True, overwrite=True)
     assert longer.steps == 3
 
 

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
 
 hardware_app = typer.Typer(
@@ -46,13 +47,6 @@ def _set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _write_json(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
-
 # ------------------------------------------------------------------ hardware
 
 
@@ -74,7 +68,7 @@ def hardware_profile(
     profile = profile_hardware(benchmarks=bench, threads=threads)
     cached = save_profile(profile) if bench else None
     if json_out:
-        _write_json(json_out, profile.model_dump(mode="json"))
+        write_json_atomic(json_out, profile.model_dump(mode="json"))
     table = Table(title="hardware profile")
     table.add_column("item")
     table.add_column("value")
@@ -271,7 +265,7 @@ def fit(
     path = out or default_path(parsed)
     sha = model.save(path)
     if rows_out:
-        _write_json(rows_out, [row.model_dump(mode="json") for row in rows])
+        write_json_atomic(rows_out, [row.model_dump(mode="json") for row in rows])
     report = model.fit
     table = Table(title=f"fitted {model.version} on {report.n_rows} measurements")
     table.add_column("metric")
@@ -320,7 +314,7 @@ def validate(
     report = validate_cost_model(model, default_base_config(), _workloads(workload), n=n,
                                  repeats=repeats, warmup=warmup, seed=seed, statistic=statistic)
     if json_out:
-        _write_json(json_out, report.model_dump(mode="json"))
+        write_json_atomic(json_out, report.model_dump(mode="json"))
     if plot:
         plot_validation(report, plot)
     table = Table(title=f"{model.version}: n={n} × {len(report.workloads)} workload(s), "

@@ -78,6 +78,7 @@ def distill_command(
         False, help="Keep OUT.work (checkpoints) after a successful run."
     ),
     threads: int | None = typer.Option(None, help="torch CPU threads per process."),
+    overwrite: bool = typer.Option(False, help="Replace a non-empty output directory."),
 ) -> None:
     """Distil a teacher into a (pruned) student: forward KL on logits, resumable.
 
@@ -124,7 +125,7 @@ def distill_command(
                                                   heldout_windows=eval_batches * batch_size)
             distributed.barrier(ctx)
         result = distill(teacher_model, student_model, dataset, config, out,
-                         tokenizer=tokenizer, resume=resume)
+                         tokenizer=tokenizer, resume=resume, overwrite=overwrite)
         if ctx.is_main:
             _print_distill_summary(result)
     finally:

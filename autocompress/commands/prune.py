@@ -130,6 +130,7 @@ def prune_command(
         "(default: the standard-library corpus).",
     ),
     seed: int = typer.Option(0, help="Seed for --random-channels."),
+    overwrite: bool = typer.Option(False, help="Replace a non-empty output directory."),
 ) -> None:
     """Prune a teacher to an ArchSpec: slice heads, KV groups, FFN neurons, hidden channels.
 
@@ -152,6 +153,7 @@ def prune_command(
         random_channels=random_channels,
         seed=seed,
         depth_metric=depth_metric,
+        overwrite=overwrite,
     )
     Console().print(
         f"wrote {out}: {record['student_params']:,} parameters "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -55,6 +54,7 @@ def verify_command(
     beside the cost model's prediction. A limit passes when the median meets
     it, or lies within the median's 95% confidence interval (memory: exactly).
     """
+    from autocompress.atomic import write_json_atomic
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.workload import get_workload
@@ -68,9 +68,7 @@ def verify_command(
     report = verify(model, parsed, shape, limits, repeats=repeats, warmup=warmup,
                     threads=threads, cost_model=model_cost)
     if json_out:
-        tmp = json_out.with_name(json_out.name + f".{os.getpid()}.tmp")
-        tmp.write_text(report.model_dump_json(indent=1))
-        os.replace(tmp, json_out)
+        write_json_atomic(json_out, report.model_dump(mode="json"), indent=1)
     _print_verify(report)
     if not report.ok:
         sys.exit(1)

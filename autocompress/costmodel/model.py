@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress import paths
 from autocompress.arch import ArchSpec
+from autocompress.atomic import write_json_atomic
 from autocompress.costmodel.blocks import (
     BlockShape,
     Env,
@@ -201,12 +201,8 @@ class CostModel(BaseModel):
 
     def save(self, path: str | Path) -> str:
         """Write ``{"sha256", "version", "model"}`` atomically; returns the hash."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"sha256": self.sha256, "version": self.version, "model": self.content_dict()}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_json_atomic(path, payload, sort_keys=True)
         return self.sha256
 
     @classmethod

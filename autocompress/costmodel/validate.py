@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 from scipy.stats import kendalltau
 
 from autocompress.arch import ArchSpec
+from autocompress.atomic import atomic_path
 from autocompress.costmodel.measure import (
     STATISTICS,
     Measurement,
@@ -276,9 +277,7 @@ def plot_validation(report: ValidationReport, path: str | Path) -> Path:
     fig.suptitle(f"{report.target} — {report.cost_model} (n={report.n})", fontsize=9)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    tmp.replace(path)
     return path

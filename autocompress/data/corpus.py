@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from autocompress.atomic import atomic_path
 from autocompress.errors import AutoCompressError
 from autocompress.paths import default_corpus_dir
 
@@ -114,11 +114,9 @@ def _sha(text: str) -> str:
 
 
 def _write_atomic(path: Path, lines: Iterable[str]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as fh:
         for line in lines:
             fh.write(line + "\n")
-    os.replace(tmp, path)
 
 
 def build_corpus(

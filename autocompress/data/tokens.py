@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from autocompress.atomic import publishing_dir
 from autocompress.data.corpus import Split, load_documents, load_manifest
 from autocompress.errors import AutoCompressError
 
@@ -54,10 +55,9 @@ def packed_split(tokenizer, corpus_dir: Path, split: Split, seq_len: int):
         )
     windows = np.asarray(ids[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
     ds = datasets.Dataset.from_dict({"input_ids": windows})
-    tmp = cache.with_name(cache.name + ".tmp")
-    ds.save_to_disk(str(tmp))
-    tmp.replace(cache)  # a half-written cache is never picked up
-    (cache / "meta.json").write_text(json.dumps({"tokens": n * seq_len, "docs": len(docs)}))
+    with publishing_dir(cache, overwrite=True) as tmp:  # never half a cache
+        ds.save_to_disk(str(tmp))
+        (tmp / "meta.json").write_text(json.dumps({"tokens": n * seq_len, "docs": len(docs)}))
     return datasets.load_from_disk(str(cache))
 
 

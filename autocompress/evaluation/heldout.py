@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
 
+from autocompress.atomic import write_text_atomic
 from autocompress.data.corpus import Document
 from autocompress.errors import AutoCompressError
 
@@ -66,9 +66,7 @@ def write_chunks(chunks: Sequence[str], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"heldout-bpb-{digest}.jsonl"
     if not path.exists():
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text("".join(json.dumps({"text": c}) + "\n" for c in chunks), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, "".join(json.dumps({"text": c}) + "\n" for c in chunks))
     return path
 
 

@@ -38,7 +38,6 @@ import hashlib
 import io
 import json
 import keyword
-import os
 import random
 import tokenize
 from collections.abc import Sequence
@@ -47,6 +46,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from autocompress.atomic import write_text_atomic
 from autocompress.data.corpus import Document
 from autocompress.errors import AutoCompressError
 
@@ -473,10 +473,7 @@ def write_task_file(task: str, docs: Sequence[Document], out_dir: Path, num_item
     if path.exists():
         return path
     items = build_items(task, docs, num_items, seed)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text("".join(item.model_dump_json() + "\n" for item in items), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, "".join(item.model_dump_json() + "\n" for item in items))
 
 
 def read_task_file(path: Path) -> list[MCItem]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import time
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.evaluation import harness, heldout, mc_tasks, standard
 from autocompress.evaluation.standard import STANDARD_SETS
@@ -315,9 +315,4 @@ def _members(name: str, loaded: dict[str, Any]) -> list[Any]:
 
 def write_json(result: dict[str, Any], path: Path) -> Path:
     """Write the result atomically (a temp file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, result)

@@ -17,9 +17,7 @@ architecture is written.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
+from autocompress.atomic import remove_path, write_json_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.importance import CalibrationConfig, Importance
 from autocompress.limits import Limits
@@ -43,7 +42,7 @@ from autocompress.search.discretize import (
     repair,
     smallest_reachable,
 )
-from autocompress.search.dnas import DNAS, DNASConfig, DNASResult
+from autocompress.search.dnas import CHECKPOINT_NAME, DNAS, DNASConfig, DNASResult
 from autocompress.search.masked import MaskedTeacher
 from autocompress.search.measured import MeasuredRound, closed_loop, measure_spec
 from autocompress.search.minitron import (
@@ -452,13 +451,6 @@ def _interactive() -> bool:
 # ------------------------------------------------------------------ files
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 def report_path(out: Path) -> Path:
     return out.with_name(out.stem + ".search.json")
 
@@ -485,8 +477,10 @@ def search_to_file(
                           ctx.space, title)
     report.update({"trajectory": str(traj), "plot": str(png)})
     outcome.spec.to_json(out)
-    _write_json(report_path(out), report)
-    shutil.rmtree(work, ignore_errors=True)
+    write_json_atomic(report_path(out), report)
+    # Only what this search wrote goes: the default work dir is its own; a
+    # --work-dir the user gave keeps everything but the checkpoint.
+    remove_path(work / CHECKPOINT_NAME if work_dir else work)
     return report
 
 
@@ -502,5 +496,5 @@ def minitron_to_file(
     outcome = run_minitron(ctx, limits=limits, params=params, config=config)
     report = outcome.report(ctx)
     outcome.spec.to_json(out)
-    _write_json(report_path(out), report)
+    write_json_atomic(report_path(out), report)
     return report

@@ -9,25 +9,19 @@ FFN width per layer over the steps.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from autocompress.atomic import atomic_path, write_json_atomic
 from autocompress.search.space import SearchSpace
 
 
 def save_trajectory(path: str | Path, trajectory: list[dict[str, Any]], meta: dict[str, Any]
                     ) -> Path:
     """Write ``{"meta": ..., "steps": [...]}`` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"meta": meta, "steps": trajectory}) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, {"meta": meta, "steps": trajectory}, indent=None)
 
 
 def _kept_fractions(space: SearchSpace, probs: list[list[float]], kind: str) -> np.ndarray:
@@ -94,8 +88,7 @@ def plot_trajectory(path: str | Path, trajectory: list[dict[str, Any]], space: S
     ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
