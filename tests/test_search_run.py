@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -278,3 +279,41 @@ def test_measure_spec_times_a_random_weight_model_on_the_cpu(ctx):
     measured, noise = measure_spec(spec, ctx.model.config, model, tiny, repeats=3)
     assert 0 < measured["tpot_ms"] < measured["e2e_ms"] and measured["ttft_ms"] > 0
     assert noise["tpot_ms"] >= 0 and set(noise) >= {"ttft_ms", "tpot_ms", "e2e_ms"}
+
+
+def test_planted_search_checkpoints_are_never_executed(ctx, tmp_path, capsys):
+    from autocompress.search.dnas import CHECKPOINT_NAME, LEGACY_CHECKPOINT
+
+    class Payload:  # unpickling it would create ``marker``
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    marker = tmp_path / "pwned"
+    budgets = {"tpot_ms": 0.5 * ctx.teacher_costs()["tpot_ms"]}
+    config = DNASConfig(steps=2, batch_size=2, seq_len=16, checkpoint_every=1, teacher_cache=1)
+
+    def batches(step):
+        return torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(step))
+
+    # A user's --work-dir holding their file and an old-format pickle: the pickle is
+    # ignored with a note, the search runs, and the directory and file stay.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mine.txt").write_text("keep")
+    torch.save({"alpha": Payload()}, work / LEGACY_CHECKPOINT)
+    search = DNAS(ctx.masked, ctx.costs, budgets, config)
+    assert search.run(batches, checkpoint_dir=work).completed
+    assert "ignoring" in capsys.readouterr().err and not marker.exists()
+    # A planted tensors file behind a matching fingerprint is refused, not run.
+    tensors = work / CHECKPOINT_NAME / "tensors.pt"
+    torch.save({"alpha": Payload(), "optimizer": {}}, tensors)
+    with pytest.raises(AutoCompressError, match="more than tensors"):
+        DNAS(ctx.masked, ctx.costs, budgets, config).run(batches, checkpoint_dir=work)
+    assert not marker.exists()
+    # search_to_file with --work-dir: only its own checkpoint is removed afterwards
+    shutil.rmtree(work / CHECKPOINT_NAME)  # as the refusal's hint says
+    limits = Limits(max_tpot_ms=0.8 * ctx.teacher_costs()["tpot_ms"])
+    small = CONFIG.model_copy(update={"dnas": config})
+    search_to_file(ctx, limits, work / "arch.json", small, work_dir=work, progress=False)
+    assert (work / "mine.txt").read_text() == "keep" and (work / "arch.json").exists()
+    assert not (work / CHECKPOINT_NAME).exists()

@@ -28,7 +28,9 @@ are written atomically every ``checkpoint_every`` steps.
 
 from __future__ import annotations
 
-import os
+import json
+import pickle
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from autocompress.atomic import publishing_dir, write_json_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.losses import kd_loss
 from autocompress.search.masked import MaskedTeacher
@@ -46,7 +49,12 @@ from autocompress.search.space import Choice, SearchSpace
 
 BatchFn = Callable[[int], torch.Tensor]
 NEG = -1e9  # logit of a forbidden option
-CHECKPOINT_NAME = "dnas-state.pt"
+# The checkpoint is a directory: JSON (fingerprint, counters, trajectory), read
+# first, and tensors (α, Adam moments) loaded with weights_only=True only when
+# the fingerprint matches. The pickle file of earlier versions is never loaded.
+CHECKPOINT_NAME = "dnas-checkpoint"
+_STATE_JSON, _TENSORS = "state.json", "tensors.pt"
+LEGACY_CHECKPOINT = "dnas-state.pt"
 
 
 class DNASConfig(BaseModel):
@@ -310,8 +318,10 @@ class DNAS:
     ) -> DNASResult:
         """Run (or resume) the search; ``max_steps_this_run`` stops early (resumable)."""
         ckpt = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir else None
-        if ckpt is not None and ckpt.exists():
-            self.load(ckpt)
+        if ckpt is not None:
+            _warn_legacy(ckpt.parent / LEGACY_CHECKPOINT)
+            if (ckpt / _STATE_JSON).exists():
+                self.load(ckpt)
         start_time, start_cpu = time.perf_counter(), time.process_time()
         done_before, cpu_before = self.state.seconds, self.state.cpu_seconds
         start = self.state.step
@@ -353,35 +363,51 @@ class DNAS:
 
     # ---------------------------------------------------------- checkpoint
     def _fingerprint(self) -> dict[str, Any]:
-        return {"config": self.config.model_dump(), "budgets": self.budgets,
-                "space": self.space.describe()}
+        # Compared as JSON (tuples become lists), as it is stored.
+        return json.loads(json.dumps({"config": self.config.model_dump(), "budgets": self.budgets,
+                                      "space": self.space.describe()}, default=str))
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        blob = {
-            "alpha": [a.detach().clone() for a in self.alpha],
-            "optimizer": self.optimizer.state_dict(),
-            "state": self.state.model_dump(),
-            "fingerprint": self._fingerprint(),
-        }
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save(blob, tmp)
-        os.replace(tmp, path)
+        """Write the checkpoint directory ``path`` atomically (JSON + tensors)."""
+        tensors = {"alpha": [a.detach().clone() for a in self.alpha],
+                   "optimizer": self.optimizer.state_dict()}
+        with publishing_dir(path, overwrite=True) as tmp:
+            torch.save(tensors, tmp / _TENSORS)
+            write_json_atomic(tmp / _STATE_JSON, {"format": "autocompress-dnas-v2",
+                                                  "fingerprint": self._fingerprint(),
+                                                  "state": self.state.model_dump()})
 
     def load(self, path: Path) -> None:
+        """Resume from ``path``: fingerprint first, then tensors only (no pickle code)."""
+        start_over = f"delete {path} (or use another --work-dir) to start the search over"
         try:
-            blob = torch.load(path, weights_only=False, map_location="cpu")
-        except (RuntimeError, EOFError, OSError) as err:
+            meta = json.loads((path / _STATE_JSON).read_text())
+        except (OSError, ValueError) as err:
             raise AutoCompressError(f"search checkpoint {path} is unreadable ({err})",
-                                    hint=f"delete {path} to start the search over") from None
-        if blob.get("fingerprint") != self._fingerprint():
+                                    hint=start_over) from None
+        if not isinstance(meta, dict) or meta.get("fingerprint") != self._fingerprint():
             raise AutoCompressError(
                 f"search checkpoint {path} belongs to a different search (config, limits or "
-                "search space changed)",
-                hint=f"delete {path.parent} or use another --work-dir",
-            )
-        with torch.no_grad():
-            for mine, saved in zip(self.alpha, blob["alpha"], strict=True):
-                mine.copy_(saved)
-        self.optimizer.load_state_dict(blob["optimizer"])
-        self.state = DNASState.model_validate(blob["state"])
+                "search space changed)", hint=start_over)
+        try:
+            blob = torch.load(path / _TENSORS, weights_only=True, map_location="cpu")
+            state = DNASState.model_validate(meta.get("state"))
+            with torch.no_grad():
+                for mine, saved in zip(self.alpha, blob["alpha"], strict=True):
+                    mine.copy_(saved)
+            self.optimizer.load_state_dict(blob["optimizer"])
+        except pickle.UnpicklingError as err:
+            raise AutoCompressError(
+                f"search checkpoint {path} holds more than tensors and was not loaded "
+                f"(possibly planted: {str(err).splitlines()[0][:120]})", hint=start_over) from None
+        except (OSError, RuntimeError, EOFError, KeyError, TypeError, ValueError) as err:
+            raise AutoCompressError(f"search checkpoint {path} is unreadable "
+                                    f"({type(err).__name__}: {err})", hint=start_over) from None
+        self.state = state
+
+
+def _warn_legacy(path: Path) -> None:
+    """An old-format (pickle) checkpoint is never loaded; say so once."""
+    if path.exists():
+        print(f"note: ignoring {path}: an old pickle-format search checkpoint is never loaded "
+              "(it could run code); the search starts over", file=sys.stderr, flush=True)
