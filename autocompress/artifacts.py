@@ -30,13 +30,13 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, Field
 
+from autocompress.atomic import fsync_tree, remove_path, temp_sibling, write_json_atomic
 from autocompress.errors import AutoCompressError
 
 MANIFEST_SUFFIX = ".manifest.json"
@@ -80,10 +80,16 @@ def sha256_file(path: Path) -> str:
 
 
 def _dir_files(root: Path) -> list[tuple[str, Path]]:
-    """Regular files under ``root`` as (posix relative path, path), sorted by name."""
+    """Regular files under ``root`` as (posix relative path, path), sorted by name.
+
+    Every file counts, ``*.manifest.json`` included: a store's manifests sit
+    next to an artifact, never inside it, so a file of that name inside a
+    directory is content like any other (leaving it out would let one be added
+    unnoticed).
+    """
     files = []
     for path in root.rglob("*"):
-        if path.is_file() and not path.name.endswith(MANIFEST_SUFFIX):
+        if path.is_file():
             files.append((path.relative_to(root).as_posix(), path))
     return sorted(files)
 
@@ -219,22 +225,10 @@ class LocalStore(Store):
         manifest_path = dest.with_name(dest.name + MANIFEST_SUFFIX)
         if _read_json(manifest_path).get("sha256") == sha and dest.exists():
             if move:
-                _remove(src)
+                remove_path(src)
             return ref  # content-addressed: the same bytes are already published
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
-        try:
-            if move:
-                shutil.move(str(src), tmp)
-            elif src.is_dir():
-                shutil.copytree(src, tmp)
-            else:
-                shutil.copy2(src, tmp)
-            _remove(dest)  # left by a crash between rename and manifest: untrusted
-            os.replace(tmp, dest)
-        finally:
-            _remove(tmp)
-        _atomic_write_text(manifest_path, json.dumps(_manifest(ref, digests, src.is_dir())))
+        _put_in_place(src, dest, move)
+        write_json_atomic(manifest_path, _manifest(ref, digests, src.is_dir()), indent=None)
         return ref
 
     def fetch(self, ref: ArtifactRef, dest=None) -> Path:
@@ -249,7 +243,7 @@ class LocalStore(Store):
         if dest is None:
             return path
         dest = Path(dest)
-        _copy_atomic(path, dest)
+        _put_in_place(path, dest, move=False)
         return dest
 
     def verify(self, ref: ArtifactRef) -> str:
@@ -305,7 +299,7 @@ class S3Store(Store):
             self._call("upload", self.client.put_object, Bucket=self.bucket,
                        Key=key + MANIFEST_SUFFIX, Body=body, ContentType="application/json")
         if move:
-            _remove(src)
+            remove_path(src)
         return ref
 
     def fetch(self, ref: ArtifactRef, dest=None) -> Path:
@@ -316,15 +310,19 @@ class S3Store(Store):
             raise AutoCompressError(f"artifact {ref.uri} is {state}",
                                     "re-run the stage that produced it")
         if dest is None:
-            dest = _home() / "cache" / "artifacts" / ref.sha256[:16] / ref.name
+            dest = _home() / "cache" / "artifacts" / _safe_part(ref.sha256[:16], ref) \
+                / _safe_part(ref.name, ref)
         dest = Path(dest)
         if dest.exists() and sha256_path(dest) == ref.sha256:
             return dest
+        # Names come from the bucket: check them all before writing anything.
+        files = [_safe_relpath(rel, ref) for rel in manifest["files"]] \
+            if manifest.get("is_dir") else []
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
+        tmp = temp_sibling(dest)
         try:
             if manifest.get("is_dir"):
-                for rel in manifest["files"]:
+                for rel in files:
                     (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                     self._call("download", self.client.download_file, bucket, f"{key}/{rel}",
                                str(tmp / rel))
@@ -335,10 +333,11 @@ class S3Store(Store):
                 raise AutoCompressError(f"artifact {ref.uri} failed its hash check "
                                         f"({got[:12]} != {ref.sha256[:12]})",
                                         "the object changed after publishing; re-run the stage")
-            _remove(dest)
+            fsync_tree(tmp)
+            remove_path(dest)
             os.replace(tmp, dest)
         finally:
-            _remove(tmp)
+            remove_path(tmp)
         return dest
 
     def verify(self, ref: ArtifactRef) -> str:
@@ -459,39 +458,43 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _copy_atomic(src: Path, dest: Path) -> None:
+def _put_in_place(src: Path, dest: Path, move: bool) -> None:
+    """Copy (or move) ``src`` to ``dest`` through a temp sibling; replaces ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = temp_sibling(dest)
     try:
-        if src.is_dir():
+        if move:
+            shutil.move(str(src), tmp)
+        elif src.is_dir():
             shutil.copytree(src, tmp)
         else:
             shutil.copy2(src, tmp)
-        _remove(dest)
+        fsync_tree(tmp)
+        remove_path(dest)  # left by a crash between rename and manifest: untrusted
         os.replace(tmp, dest)
     finally:
-        _remove(tmp)
+        remove_path(tmp)
 
 
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write JSON through a temp file + rename (readers never see half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, default=str))
-    return path
+def _safe_relpath(rel: str, ref: ArtifactRef) -> str:
+    """A manifest's file name, refused unless it stays inside the artifact's folder."""
+    parts = rel.split("/") if isinstance(rel, str) else [""]
+    escapes = (parts[0] == "" or ":" in parts[0] or "\\" in rel
+               or any(p in ("", ".", "..") for p in parts))  # "" also catches "/x" and "a//b"
+    if escapes:
+        raise AutoCompressError(
+            f"artifact {ref.uri} lists a file outside its folder ({rel!r}); nothing was written",
+            "the manifest in the store was tampered with; re-run the stage that produced it",
+        )
+    return rel
+
+
+def _safe_part(name: str, ref: ArtifactRef) -> str:
+    """One path component taken from a reference (no separators, no ``..``)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise AutoCompressError(f"artifact reference {ref.uri} has an unusable name {name!r}",
+                                "re-run the stage that produced it")
+    return name
 
 
 def fetch(ref: ArtifactRef, dest: str | Path | None = None) -> Path:

@@ -160,6 +160,32 @@ def test_s3_publish_writes_manifest_last_and_fetch_checks_hash(tmp_path, s3_env)
         store.fetch(ref, tmp_path / "third")
 
 
+def test_s3_manifest_entries_outside_the_folder_are_refused_before_writing(tmp_path, s3_env):
+    store = Store.from_uri(f"s3://{s3_env}/runs")
+    ref = store.publish(_tree(tmp_path / "model", {"config.json": "{}"}), "model")
+    key = ref.uri.removeprefix(f"s3://{s3_env}/")
+    manifest = json.loads(store.client.get_object(Bucket=s3_env,
+                                                  Key=key + MANIFEST_SUFFIX)["Body"].read())
+    victim = tmp_path / "victim"
+    dest = tmp_path / "deep" / "er" / "fetched"
+    for evil in ("../../victim", str(victim), "a/../../victim", "./x", "a//b"):
+        store.client.put_object(Bucket=s3_env, Key=f"{key}/{evil}", Body=b"owned")
+        tampered = {**manifest, "files": {**manifest["files"], evil: "0" * 64}}
+        store.client.put_object(Bucket=s3_env, Key=key + MANIFEST_SUFFIX,
+                                Body=json.dumps(tampered).encode())
+        with pytest.raises(AutoCompressError, match="outside its folder"):
+            store.fetch(ref, dest)
+        assert not victim.exists() and not dest.parent.exists()
+
+
+def test_a_file_named_like_a_manifest_inside_a_dir_changes_its_hash(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    ref = store.publish(_tree(tmp_path / "model", {"config.json": "{}"}), "model")
+    assert store.verify(ref) == "ok"
+    (ref.local_path() / "extra.manifest.json").write_text("{}")
+    assert store.verify(ref) == "mismatch"
+
+
 def test_s3_errors_are_one_line_with_a_hint(tmp_path, s3_env, monkeypatch):
     src = tmp_path / "f.txt"
     src.write_text("x")
