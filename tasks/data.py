@@ -17,11 +17,11 @@ def prepare_corpus(ctx: StageContext, corpus_dir: Path, source: str | None = Non
     corpus is a new input. Consumers open it with ``ctx.working_copy`` (tools
     write token caches beside the corpus).
     """
-    from autocompress.data.corpus import SPLITS, build_corpus, load_manifest
+    from autocompress.data.corpus import SPLITS, build_corpus, check_corpus
 
     if not (Path(corpus_dir) / "manifest.json").exists():
         build_corpus(Path(corpus_dir), source=source)
-    manifest = load_manifest(Path(corpus_dir))
+    manifest = check_corpus(Path(corpus_dir))
     ctx.log_params({"source": manifest.source, "fingerprint": manifest.fingerprint})
     metrics = {f"files_{split}": float(n) for split, n in manifest.num_files.items()}
     metrics.update({f"bytes_{split}": float(n) for split, n in manifest.num_bytes.items()})

@@ -40,6 +40,27 @@ def test_fingerprint_changes_when_a_file_changes(tmp_path):
     assert fp1 != fp2
 
 
+def test_a_replaced_split_file_is_not_trusted(tmp_path):
+    rows = [{"path": f"m{i}.py", "text": f"def f{i}():\n    return {i}\n"} for i in range(300)]
+    src = tmp_path / "a.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows))
+    corpus = tmp_path / "c"
+    build_corpus(corpus, source=str(src))
+    assert len(load_documents(corpus, "train")) == load_manifest(corpus).num_files["train"]
+    original = (corpus / "heldout.jsonl").read_text()
+    lines = original.splitlines()
+    doc = json.loads(lines[0])
+    for tampered in ([json.dumps({**doc, "text": "import os  # replaced"}), *lines[1:]],
+                     lines[1:],  # a document removed
+                     [*lines, lines[0]]):  # one duplicated
+        (corpus / "heldout.jsonl").write_text("\n".join(tampered) + "\n")
+        with pytest.raises(AutoCompressError, match="does not match its manifest") as err:
+            load_documents(corpus, "heldout")
+        assert "data prepare" in err.value.hint
+    (corpus / "heldout.jsonl").write_text(original)
+    assert len(load_documents(corpus, "heldout")) == len(lines)
+
+
 def test_empty_source_is_a_clear_error(tmp_path):
     src = tmp_path / "empty.jsonl"
     src.write_text(json.dumps({"path": "x.py", "text": ""}) + "\n")

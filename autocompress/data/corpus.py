@@ -173,13 +173,45 @@ def load_manifest(corpus_dir: Path) -> CorpusManifest:
 
 
 def load_documents(corpus_dir: Path | None, split: Split) -> list[Document]:
-    """The documents of one split, in a stable order."""
+    """The documents of one split, in a stable order, checked against the manifest.
+
+    The manifest's fingerprint names the data in caches and lineage, so a split
+    file that no longer holds exactly the documents the manifest lists (edited,
+    replaced, truncated) is refused rather than used under the old name.
+    """
     corpus_dir = Path(corpus_dir or default_corpus_dir())
-    load_manifest(corpus_dir)  # refuses a half-written corpus
+    manifest = load_manifest(corpus_dir)  # refuses a half-written corpus
     if split not in SPLITS:
         raise AutoCompressError(f"unknown split '{split}'", f"use one of {', '.join(SPLITS)}")
-    with (corpus_dir / f"{split}.jsonl").open(encoding="utf-8") as fh:
-        return [Document(**json.loads(line)) for line in fh if line.strip()]
+    path = corpus_dir / f"{split}.jsonl"
+    try:
+        with path.open(encoding="utf-8") as fh:
+            docs = [Document(**json.loads(line)) for line in fh if line.strip()]
+    except (OSError, ValueError, TypeError) as err:
+        raise _changed(path, f"unreadable: {type(err).__name__}") from None
+    expected = {e.path: e.sha256 for e in manifest.files if e.split == split}
+    found = {d.path: _sha(d.text) for d in docs}
+    if found != expected or len(docs) != len(expected):
+        differ = sorted(p for p in expected.keys() | found.keys()
+                        if expected.get(p) != found.get(p))
+        raise _changed(path, f"{len(differ)} document(s) differ from the manifest, "
+                             f"e.g. {differ[0] if differ else 'a duplicate'!r}")
+    return docs
+
+
+def check_corpus(corpus_dir: Path) -> CorpusManifest:
+    """The manifest, once every split has been checked against it."""
+    for split in SPLITS:
+        load_documents(corpus_dir, split)
+    return load_manifest(corpus_dir)
+
+
+def _changed(path: Path, detail: str) -> AutoCompressError:
+    return AutoCompressError(
+        f"corpus file {path} does not match its manifest.json ({detail})",
+        f"rebuild the corpus with `autocompress data prepare --out {path.parent}` "
+        "(or restore the file)",
+    )
 
 
 def ensure_corpus(corpus_dir: Path | None = None) -> Path:
