@@ -21,9 +21,9 @@ import json
 import random
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
@@ -32,19 +32,29 @@ from autocompress.errors import AutoCompressError
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "autocompress_hetero")
 
 
+def _not_bool(value: Any) -> Any:
+    # JSON ``true`` would otherwise pass as the integer 1.
+    if isinstance(value, bool):
+        raise ValueError("a count must be an integer, not true/false")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_not_bool), Field(ge=1)]
+
+
 class AttentionSpec(BaseModel):
     """One attention block: query heads and KV heads (GQA groups)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    num_heads: int = Field(ge=1, description="Query heads.")
-    num_kv_heads: int = Field(ge=1, description="Key/value heads (= GQA groups).")
+    num_heads: Count = Field(description="Query heads.")
+    num_kv_heads: Count = Field(description="Key/value heads (= GQA groups).")
 
 
 class FFNSpec(BaseModel):
     """One gated MLP (gate/up/down projections)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    intermediate_size: int = Field(ge=1, description="Width of the gated MLP.")
+    intermediate_size: Count = Field(description="Width of the gated MLP.")
 
 
 class LayerSpec(BaseModel):
@@ -75,11 +85,11 @@ class ArchSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hidden_size: int = Field(ge=1)
+    hidden_size: Count
     layers: list[LayerSpec]
     # Optional in hand-written JSON; ``complete_from`` takes them from the teacher.
-    head_dim: int | None = Field(default=None, ge=1)
-    vocab_size: int | None = Field(default=None, ge=1)
+    head_dim: Count | None = None
+    vocab_size: Count | None = None
     tie_word_embeddings: bool | None = None
     attention_bias: bool | None = Field(default=None, description="Bias on q/k/v projections.")
     attention_output_bias: bool | None = Field(default=None, description="Bias on o_proj.")
@@ -195,12 +205,15 @@ class ArchSpec(BaseModel):
         self,
         granularity: Granularity | int | dict | None = None,
         reference: ArchSpec | None = None,
+        tp: int = 1,
     ) -> list[str]:
         """Every rule this spec breaks, as ``"layer N: ..."`` strings (empty = legal).
 
         ``granularity``: size multiples (an int applies to hidden and FFN sizes).
         ``reference``: a teacher spec the model will be pruned from: sizes may
         only shrink and ``head_dim`` / vocabulary may not change.
+        ``tp``: tensor-parallel degree; every GPU needs whole query heads, and
+        KV heads are split over GPUs or replicated on them (vLLM's rule).
         """
         gran = _as_granularity(granularity)
         errors: list[str] = []
@@ -213,7 +226,7 @@ class ArchSpec(BaseModel):
                 f"model: hidden_size {self.hidden_size} is not a multiple of {gran.hidden}"
             )
         for i, layer in enumerate(self.layers):
-            errors.extend(f"layer {i}: {msg}" for msg in _layer_errors(layer, gran))
+            errors.extend(f"layer {i}: {msg}" for msg in _layer_errors(layer, gran, tp))
         if reference is not None:
             errors.extend(self._reference_errors(reference))
         return errors
@@ -222,9 +235,10 @@ class ArchSpec(BaseModel):
         self,
         granularity: Granularity | int | dict | None = None,
         reference: ArchSpec | None = None,
+        tp: int = 1,
     ) -> None:
         """Raise ``AutoCompressError`` naming the first broken rules, if any."""
-        errors = self.legality_errors(granularity, reference)
+        errors = self.legality_errors(granularity, reference, tp)
         if errors:
             shown = "; ".join(errors[:5]) + (
                 f"; … ({len(errors)} in all)" if len(errors) > 5 else ""
@@ -303,6 +317,7 @@ class ArchSpec(BaseModel):
                     hint="pass a JSON file written by `autocompress arch show --json` or by hand",
                 )
             text = path.read_text()
+        _require_both_blocks(text)
         try:
             return cls.model_validate_json(text)
         except ValidationError as err:
@@ -406,8 +421,30 @@ def _as_granularity(value: Granularity | int | dict | None) -> Granularity:
     return Granularity(**value)
 
 
-def _layer_errors(layer: LayerSpec, gran: Granularity) -> Iterable[str]:
+def _require_both_blocks(text: str) -> None:
+    """Every JSON layer names both blocks: a forgotten key must not delete a block."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return  # model_validate_json reports it
+    layers = data.get("layers") if isinstance(data, dict) else None
+    for i, layer in enumerate(layers if isinstance(layers, list) else []):
+        missing = [k for k in ("attention", "ffn") if isinstance(layer, dict) and k not in layer]
+        if missing:
+            raise AutoCompressError(
+                f"invalid architecture JSON: layer {i} has no {missing[0]!r} key",
+                hint=f'write "{missing[0]}": null to remove that block, or give its shape',
+            )
+
+
+def _layer_errors(layer: LayerSpec, gran: Granularity, tp: int = 1) -> Iterable[str]:
     att, ffn = layer.attention, layer.ffn
+    if att is not None and tp > 1:
+        if att.num_heads % tp:
+            yield f"num_heads {att.num_heads} cannot be split over tp={tp} GPUs"
+        if att.num_kv_heads % tp and tp % att.num_kv_heads:
+            yield (f"num_kv_heads {att.num_kv_heads} can be neither split over nor replicated "
+                   f"on tp={tp} GPUs")
     if att is not None:
         if att.num_heads % att.num_kv_heads:
             yield (

@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from autocompress.errors import AutoCompressError
+from autocompress.errors import AutoCompressError, invalid_input
 
 # Order is the order of ``--help``: pipeline order.
 COMMAND_MODULES = [
@@ -56,13 +56,22 @@ def main() -> None:
     # Not HF_HUB_OFFLINE: a hub id (org/name) given by the user is fetched where a
     # network exists; named teachers and local directories never touch the hub.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from pydantic import ValidationError
+
     try:
         app()
+    except ValidationError as err:  # a value the options let through but a config refused
+        _report(invalid_input(err, f"{err.title} settings"))
     except AutoCompressError as err:
-        typer.secho(f"error: {err.message}", fg="red", err=True)
-        if err.hint:
-            typer.secho(f"hint: {err.hint}", err=True)
-        sys.exit(2)
+        _report(err)
+
+
+def _report(err: AutoCompressError) -> None:
+    """``error:`` and ``hint:`` lines on stderr, exit code 2 (a usage error)."""
+    typer.secho(f"error: {err.message}", fg="red", err=True)
+    if err.hint:
+        typer.secho(f"hint: {err.hint}", err=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -19,3 +19,15 @@ class AutoCompressError(Exception):
 
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+
+def invalid_input(err: Exception, what: str, hint: str | None = None) -> AutoCompressError:
+    """A pydantic ``ValidationError`` as one line naming each bad field and value."""
+    problems = []
+    for item in getattr(err, "errors", lambda: [])():
+        where = ".".join(str(p) for p in item.get("loc", ())) or what
+        message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+        problems.append(f"{where}: {message} (got {item.get('input')!r})")
+    detail = "; ".join(problems[:3]) or str(err).splitlines()[0]
+    return AutoCompressError(f"invalid {what}: {detail}",
+                             hint or "see --help for the accepted values")

@@ -11,12 +11,14 @@ upper bounds (``max_*``), throughput is a lower bound (``min_*``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autocompress.errors import AutoCompressError
+from autocompress.errors import AutoCompressError, invalid_input
 
 # limit field -> (metric name, direction). "max": value must be <= limit.
 LIMIT_METRICS: dict[str, tuple[str, Literal["max", "min"]]] = {
@@ -120,3 +122,29 @@ class Limits(BaseModel):
             if value is not None:
                 parts.append(f"{metric} {'<=' if direction == 'max' else '>='} {value:g}")
         return ", ".join(parts)
+
+
+def limits_from_options(file: str | Path | None = None, **options: float | None) -> Limits:
+    """Limits from an optional JSON file, overridden by the options that are set.
+
+    Every problem (unreadable file, unknown field, a limit that is not a
+    positive number) is a usage error naming the field and the value.
+    """
+    base: dict = {}
+    if file is not None:
+        try:
+            base = json.loads(Path(file).read_text())
+        except (OSError, ValueError) as err:
+            raise AutoCompressError(f"cannot read the limits file {file}: {err}",
+                                    hint=_LIMITS_HINT) from None
+        if not isinstance(base, dict):
+            raise AutoCompressError(f"the limits file {file} does not hold a JSON object",
+                                    hint=_LIMITS_HINT)
+    try:
+        return Limits(**{**base, **{k: v for k, v in options.items() if v is not None}})
+    except ValidationError as err:
+        raise invalid_input(err, "limits", _LIMITS_HINT) from None
+
+
+_LIMITS_HINT = ("limits are positive numbers, e.g. --max-tpot-ms 5 or a file "
+                '{"max_tpot_ms": 5, "max_memory_gb": 0.5}; fields: ' + ", ".join(LIMIT_METRICS))

@@ -155,7 +155,7 @@ def predict(
         "block_configs, autocompress_hetero), ArchSpec JSON, or `default`."
     ),
     target: str = typer.Option(
-        None, "--target", help="HARDWARE/ENGINE[/DTYPE], e.g. h100-sxm/vllm/bf16 "
+        None, "--target", help="HARDWARE/ENGINE or HARDWARE/ENGINE/DTYPE, e.g. h100-sxm/vllm/bf16 "
         "(default: the workload preset's default target)."
     ),
     workload: str = typer.Option(

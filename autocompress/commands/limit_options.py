@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import typer
 
-from autocompress.limits import Limits
+from autocompress.limits import Limits, limits_from_options
 
 # Limits field -> (option, help). Every field of Limits, in the order --help shows.
 LIMIT_OPTIONS: dict[str, tuple[str, str]] = {
@@ -73,7 +73,7 @@ def limit_options(command: Callable) -> Callable:
             alias = kwargs.pop(name)
             if values[field] is None:
                 values[field] = alias
-        return command(limits=Limits(**values), **kwargs)
+        return command(limits=limits_from_options(**values), **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=params)
     wrapper.__annotations__ = {p.name: p.annotation for p in params}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -58,10 +57,16 @@ def verify_command(
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.workload import get_workload
+    from autocompress.errors import AutoCompressError
+    from autocompress.limits import limits_from_options
     from autocompress.verify import verify
 
-    base = json.loads(limits_file.read_text()) if limits_file else {}
-    limits = Limits(**{**base, **limits.model_dump(exclude_none=True)})
+    limits = limits_from_options(limits_file, **limits.model_dump(exclude_none=True))
+    for name, value, least in (("--repeats", repeats, 1), ("--warmup", warmup, 0),
+                               ("--threads", threads, 1)):
+        if value is not None and value < least:
+            raise AutoCompressError(f"{name} must be at least {least} (got {value})",
+                                    hint=f"pass {name} {least} or more")
     parsed = Target.parse(target)
     shape = get_workload(workload).with_overrides(isl=isl, osl=osl, batch=batch)
     model_cost = CostModel.load(cost_model) if cost_model else None

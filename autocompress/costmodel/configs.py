@@ -21,8 +21,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from autocompress.arch import SUPPORTED_MODEL_TYPES, ArchSpec, AttentionSpec, FFNSpec, LayerSpec
-from autocompress.errors import AutoCompressError
+from autocompress.errors import AutoCompressError, invalid_input
 
 NEMOTRON_TYPES = ("nemotron-nas", "deci")
 _HINT = (
@@ -100,9 +102,31 @@ def _ffn_mult_to_intermediate(ffn_mult: float, hidden: int) -> int:
 
 
 def _from_nemotron(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
+    """nemotron-nas ``block_configs`` → ArchSpec; a missing or bad field is a usage error."""
+    try:
+        return _parse_nemotron(data)
+    except KeyError as err:
+        raise AutoCompressError(f"the nemotron-nas config has no {err.args[0]!r}",
+                                hint=_NEMOTRON_HINT) from None
+    except ValidationError as err:
+        raise invalid_input(err, "nemotron-nas config", _NEMOTRON_HINT) from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError) as err:
+        raise AutoCompressError(f"cannot read the nemotron-nas config: {err}",
+                                hint=_NEMOTRON_HINT) from None
+
+
+_NEMOTRON_HINT = ("it needs hidden_size, num_attention_heads, vocab_size and block_configs "
+                  "of {attention: {n_heads_in_group | no_op}, ffn: {ffn_mult | "
+                  "intermediate_size | no_op}} with positive numbers")
+
+
+def _parse_nemotron(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
     """nemotron-nas ``block_configs`` → ArchSpec; ``replace_with_linear`` is approximated."""
     hidden = int(data["hidden_size"])
     heads = int(data["num_attention_heads"])
+    if hidden < 1 or heads < 1:
+        raise ValueError(f"hidden_size ({hidden}) and num_attention_heads ({heads}) must be "
+                         "at least 1")
     head_dim = int(data.get("head_dim") or hidden // heads)
     blocks = data.get("block_configs")
     if not blocks:
@@ -117,6 +141,9 @@ def _from_nemotron(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
                          f"(its {hidden}x{hidden} matmul is not modelled)")
         elif not att.get("no_op"):
             group = int(att.get("n_heads_in_group") or 1)
+            if group < 1 or heads % group:
+                raise ValueError(f"layer {index}: n_heads_in_group {group} does not divide "
+                                 f"num_attention_heads {heads}")
             attention = AttentionSpec(num_heads=heads, num_kv_heads=heads // group)
         mlp = None
         if ffn.get("replace_with_linear"):

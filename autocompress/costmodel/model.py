@@ -404,7 +404,12 @@ class CostModel(BaseModel):
         return isl + workload.osl if isl else 0
 
     def predict(self, spec: ArchSpec, workload: Workload) -> CostPrediction:
-        """Every metric of ``spec`` serving ``workload`` on this target."""
+        """Every metric of ``spec`` serving ``workload`` on this target.
+
+        An illegal shape (no layers, heads not in whole GQA groups, heads that
+        ``tp`` GPUs cannot share) is refused rather than given a number.
+        """
+        spec.validate_legality(tp=self.target.tp)
         ttft = self.prefill_latency(spec, workload)
         tpot = self.decode_latency(spec, workload)
         memory = self.memory_bytes(spec, workload)

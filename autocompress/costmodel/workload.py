@@ -28,9 +28,9 @@ Conventions shared by the cost model and the measuring harness:
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autocompress.errors import AutoCompressError
+from autocompress.errors import AutoCompressError, invalid_input
 
 METRIC_NAMES = ("ttft_ms", "tpot_ms", "e2e_ms", "throughput_tok_s", "memory_gb")
 
@@ -84,7 +84,11 @@ class Workload(BaseModel):
         changed = any(getattr(self, key) != value for key, value in update.items())
         if changed:
             update["name"] = f"{self.name}+custom"
-        return self.model_copy(update=update)
+        try:  # validated like a new workload: model_copy(update=...) would skip the checks
+            return Workload.model_validate({**self.model_dump(), **update})
+        except ValidationError as err:
+            raise invalid_input(err, "workload", "--isl, --osl and --batch/--concurrency "
+                                "must be whole numbers of at least 1") from None
 
 
 PRESETS: dict[str, Workload] = {

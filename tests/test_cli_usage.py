@@ -1,0 +1,114 @@
+"""The CLI's usage errors: every --help renders; bad values are one line and exit 2 (#13)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from autocompress.cli import app
+
+runner = CliRunner()
+
+
+def _command_paths(command, prefix: tuple[str, ...] = ()) -> list[tuple]:
+    paths = [prefix]
+    if getattr(command, "commands", None):  # a group
+        for name, sub in command.commands.items():
+            paths.extend(_command_paths(sub, (*prefix, name)))
+    return paths
+
+
+COMMANDS = _command_paths(typer.main.get_command(app))
+
+
+def test_the_command_tree_is_walked():
+    assert ("costmodel", "predict") in COMMANDS and ("verify",) in COMMANDS
+    assert len(COMMANDS) > 20
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "autocompress")
+def test_every_help_renders(path):
+    result = runner.invoke(app, [*path, "--help"], terminal_width=100)
+    assert result.exit_code == 0, f"{' '.join(path)} --help failed:\n{result.output}"
+    assert "Usage" in result.output and "--help" in result.output
+
+
+def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
+    """Run ``autocompress ARGS`` as the console script does; (exit code, stderr)."""
+    from autocompress.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["autocompress", *map(str, args)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return exit_info.value.code or 0, capsys.readouterr().err
+
+
+NEMOTRON = {"model_type": "nemotron-nas", "hidden_size": 64, "num_attention_heads": 4,
+            "vocab_size": 100, "block_configs": [{"attention": {"n_heads_in_group": 2},
+                                                  "ffn": {"ffn_mult": 1.0}}]}
+LAYER = {"attention": {"num_heads": 4, "num_kv_heads": 2}, "ffn": {"intermediate_size": 64}}
+
+
+def _json(tmp_path, name, data):
+    import json
+
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_predict_refuses_bad_shapes_and_workloads(tmp_path, capsys, monkeypatch):
+    gpu = ["--target", "h100-sxm/vllm/bf16", "--workload", "interactive"]
+    good = _json(tmp_path, "good.json", NEMOTRON)
+    code, _ = cli(capsys, monkeypatch, "costmodel", "predict", "--model", good, *gpu, "--json")
+    assert code == 0
+    bad_runs = {
+        "isl": (good, ["--isl", "-5"]),
+        "osl": (good, ["--osl", "0"]),
+        "batch: ": (good, ["--concurrency", "-1"]),
+        "tp": (good, ["--tp", "0"]),
+        "tp=3": (good, ["--tp", "3"]),  # 4 heads, 2 KV heads: not on 3 GPUs
+        "num_attention_heads": (_json(tmp_path, "nokey.json", {
+            k: v for k, v in NEMOTRON.items() if k != "num_attention_heads"}), []),
+        "at least 1": (_json(tmp_path, "zero.json", {**NEMOTRON, "num_attention_heads": 0}), []),
+        "does not divide": (_json(tmp_path, "six.json", {**NEMOTRON, "num_attention_heads": 6,
+                                                         "block_configs": [{"attention": {
+                                                             "n_heads_in_group": 4},
+                                                             "ffn": {"ffn_mult": 1.0}}]}), []),
+        "not a multiple": (_json(tmp_path, "gqa.json", {"hidden_size": 64, "layers": [
+            {**LAYER, "attention": {"num_heads": 6, "num_kv_heads": 4}}]}), []),
+        "no layers": (_json(tmp_path, "empty.json", {"hidden_size": 64, "layers": []}), []),
+        "'ffn'": (_json(tmp_path, "noffn.json", {"hidden_size": 64, "layers": [
+            {"attention": LAYER["attention"]}]}), []),
+        "true/false": (_json(tmp_path, "bool.json", {"hidden_size": 64, "layers": [
+            {**LAYER, "attention": {"num_heads": True, "num_kv_heads": 1}}]}), []),
+    }
+    for expected, (model, extra) in bad_runs.items():
+        code, err = cli(capsys, monkeypatch, "costmodel", "predict", "--model", model, *gpu,
+                        *extra)
+        lines = err.strip().splitlines()
+        assert code == 2, (expected, err)
+        assert lines[0].startswith("error: ") and expected in lines[0], (expected, err)
+        assert len(lines) == 2 and lines[1].startswith("hint: "), err
+        assert "Traceback" not in err
+
+
+def test_verify_usage_errors_exit_2_before_measuring(tmp_path, capsys, monkeypatch):
+    limits = {"--max-tpot-ms": ["-1", "0"], "--max-memory-gb": ["-0.5"], "--repeats": ["0"],
+              "--warmup": ["-1"], "--isl": ["-5"], "--osl": ["0"], "--batch": ["0"]}
+    files = {"not valid JSON": "{", "does not hold a JSON object": "[1]",
+             "Extra inputs": '{"max_tpt_ms": 4}', "valid number": '{"max_tpot_ms": "fast"}'}
+    runs = [[flag, value] for flag, values in limits.items() for value in values]
+    for index, text in enumerate(files.values()):
+        (tmp_path / f"{index}.json").write_text(text)
+        runs.append(["--limits", str(tmp_path / f"{index}.json")])
+    runs.append(["--limits", str(tmp_path / "missing.json")])
+    # A model that does not exist: any measurement would fail differently.
+    for extra in runs:
+        code, err = cli(capsys, monkeypatch, "verify", "--model", tmp_path / "no-model", *extra)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 2, (extra, err)
+        assert lines[0].startswith("error: ") and lines[1].startswith("hint: "), (extra, err)
