@@ -503,8 +503,13 @@ def fetch(ref: ArtifactRef, dest: str | Path | None = None) -> Path:
 
 
 def verify(ref: ArtifactRef) -> str:
-    """``ok`` / ``missing`` / ``incomplete`` / ``mismatch`` for any reference."""
+    """``ok`` / ``missing`` / ``incomplete`` / ``mismatch`` / ``unreachable`` for any reference."""
+    return verify_with_cause(ref)[0]
+
+
+def verify_with_cause(ref: ArtifactRef) -> tuple[str, str | None]:
+    """``verify``'s status and, when the store could not be reached, why (one line)."""
     try:
-        return Store.for_ref(ref).verify(ref)
-    except AutoCompressError:
-        return "unreachable"
+        return Store.for_ref(ref).verify(ref), None
+    except AutoCompressError as err:
+        return "unreachable", str(err)

@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from autocompress.artifacts import ArtifactRef, verify
+from autocompress.artifacts import ArtifactRef, verify_with_cause
 from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
 
@@ -379,6 +379,8 @@ class LineageReport(BaseModel):
     tracking_uri: str
     lineage: Lineage
     chain: list[ChainLink]
+    problems: list[str] = Field(default_factory=list,
+                                description="Why artifacts were unreachable, each cause once.")
 
     @property
     def ok(self) -> bool:
@@ -402,7 +404,7 @@ def lineage(name: str, version: str | int | None = None, check: bool = True,
     client = tracker.client
     try:
         if version in (None, "latest"):
-            versions = client.search_model_versions(f"name = '{name}'")
+            versions = client.search_model_versions(f"name = {_filter_literal(name)}")
             if not versions:
                 raise AutoCompressError(f"no registered model named {name!r} at {tracker.uri}",
                                         "list models in the MLflow UI or check MLFLOW_TRACKING_URI")
@@ -415,12 +417,25 @@ def lineage(name: str, version: str | int | None = None, check: bool = True,
         raise AutoCompressError(f"cannot read model {name}@{version or 'latest'}: {err.message}",
                                 "check the name/version and MLFLOW_TRACKING_URI") from err
     info = Lineage.from_tags(dict(mv.tags))
-    links = [
-        ChainLink(stage=stage, kind=ref.kind, uri=ref.uri, sha256=ref.sha256,
-                  status=verify(ref) if check else "unchecked")
-        for stage, ref in info.artifacts.items()
-    ]
+    links, problems = [], []
+    for stage, ref in info.artifacts.items():
+        status, cause = verify_with_cause(ref) if check else ("unchecked", None)
+        links.append(ChainLink(stage=stage, kind=ref.kind, uri=ref.uri, sha256=ref.sha256,
+                               status=status))
+        if cause and cause not in problems:  # e.g. no AWS credentials: said once, not per link
+            problems.append(cause)
     # REST replies may omit model_id; the tag written at registration has it.
     model_id = getattr(mv, "model_id", None) or mv.tags.get("autocompress.model_id")
     return LineageReport(name=name, version=int(mv.version), model_id=model_id,
-                         run_id=mv.run_id, tracking_uri=tracker.uri, lineage=info, chain=links)
+                         run_id=mv.run_id, tracking_uri=tracker.uri, lineage=info, chain=links,
+                         problems=problems)
+
+
+def _filter_literal(value: str) -> str:
+    """``value`` quoted for an MLflow filter string (which has no escape character)."""
+    if '"' not in value:
+        return f'"{value}"'
+    if "'" not in value:
+        return f"'{value}'"
+    raise AutoCompressError(f"the model name {value!r} holds both kinds of quote and cannot be "
+                            "searched for", "pass an explicit version: NAME@VERSION")

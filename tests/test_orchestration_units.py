@@ -310,3 +310,36 @@ def test_stage_code_follows_imports_including_the_ones_a_hand_list_missed():
     for unrelated in ("autocompress/distill.py", "autocompress/commands/search.py",
                       "tasks/distill.py"):
         assert unrelated not in files
+
+
+def test_lineage_of_a_quoted_name_says_why_s3_is_unreachable_once(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from autocompress.tracking import lineage
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    refs = {stage: ArtifactRef(uri=f"s3://bucket/{stage}/{'0' * 16}/x", sha256="0" * 64,
+                               kind=stage) for stage in ("teacher", "model")}
+    tags = Lineage(teacher="default", teacher_sha256="0" * 64, artifacts=refs).to_tags()
+    client = MlflowClient(uri)
+    for name in ("o'brien", "plain"):
+        client.create_registered_model(name)
+        client.create_model_version(name, source=str(tmp_path), tags=tags)
+
+    class Tracker:  # lineage() needs only the client and the URI
+        pass
+
+    tracker = Tracker()
+    tracker.client, tracker.uri = client, uri
+    report = lineage("o'brien", tracker=tracker)
+    assert report.name == "o'brien" and report.version == 1
+    assert [link.status for link in report.chain] == ["unreachable", "unreachable"]
+    assert len(report.problems) == 1 and "no AWS credentials" in report.problems[0]
+    assert lineage("plain", tracker=tracker, check=False).version == 1
+    with pytest.raises(AutoCompressError, match="both kinds of quote"):
+        lineage("""o'"x""", tracker=tracker)

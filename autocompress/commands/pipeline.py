@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autocompress.commands.limit_options import NO_LIMITS, budget_fraction_option, limit_options
@@ -232,5 +233,7 @@ def _print_lineage(report) -> None:
         chain.add_row(link.stage, link.kind, link.sha256[:12],
                       f"[{color}]{link.status}[/{color}]", link.uri)
     console.print(chain)
+    for problem in report.problems:
+        console.print(f"[red]unreachable:[/red] {escape(problem)}")
     if not report.chain:
         raise AutoCompressError("this model version has no artifact chain in its tags")
