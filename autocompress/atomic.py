@@ -29,6 +29,7 @@ from autocompress.errors import AutoCompressError
 __all__ = [
     "atomic_path",
     "check_out_dir",
+    "check_out_file",
     "fsync_tree",
     "publish_dir",
     "publishing_dir",
@@ -170,6 +171,15 @@ def check_out_dir(out: str | Path, overwrite: bool = False) -> Path:
     if any(out.iterdir()) and not overwrite:
         raise AutoCompressError(f"--out {out} exists and is not empty",
                                 "pass another --out, or --overwrite to replace it")
+    return out
+
+
+def check_out_file(out: str | Path) -> Path:
+    """Refuse a file output that names an existing directory (before any work)."""
+    out = Path(out)
+    if out.is_dir():
+        raise AutoCompressError(f"--out {out} is a directory; a file name is needed here",
+                                f"e.g. --out {out / 'arch.json'}")
     return out
 
 

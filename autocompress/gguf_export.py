@@ -31,8 +31,6 @@ multiple of the 32-value block is written in f16 and reported).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
+from autocompress.atomic import atomic_path
 from autocompress.errors import AutoCompressError
 
 GGUF_DTYPES = ("f32", "f16", "q8_0", "q4_0")
@@ -334,10 +333,7 @@ def write_gguf(
     arch = gguf_architecture(spec)
     layout = gguf_layout(spec)
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out_path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         writer.add_name(name)
         _add_hparams(writer, arch, spec, model.config, layout)
@@ -354,10 +350,6 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return GGUFExportReport(
         path=str(out_path), architecture=arch, dtype=dtype, num_layers=len(layout),
         num_params=spec.num_params(), layers=layout, tokenizer=tokenizer,

@@ -141,6 +141,7 @@ def search_command(
     <stem>.search.json (predicted costs, margins), <stem>.trajectory.json and .png.
     Prune it with `autocompress prune --arch`.
     """
+    from autocompress.atomic import check_out_file
     from autocompress.errors import AutoCompressError
     from autocompress.search.dnas import DNASConfig
     from autocompress.search.run import SearchConfig, SearchContext, search_to_file
@@ -159,6 +160,7 @@ def search_command(
         dnas=DNASConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed),
         score=score, threads=threads,
     )
+    check_out_file(out)
     ctx = SearchContext.build(teacher, target, workload, config, importance=importance,
                               corpus_dir=data)
     limits = ctx.resolve_limits(limits, budget_fraction)
@@ -196,6 +198,7 @@ def minitron_command(
     target so that the homogeneous model just meets the same limits under the cost model: the
     fair hardware-matched comparison for `autocompress search`.
     """
+    from autocompress.atomic import check_out_file
     from autocompress.errors import AutoCompressError
     from autocompress.search.minitron import MinitronConfig
     from autocompress.search.run import SearchConfig, SearchContext, minitron_to_file
@@ -208,6 +211,7 @@ def minitron_command(
         raise AutoCompressError("--match-target needs --workload", hint=WORKLOAD_HELP)
     config = SearchConfig(space=SpaceConfig(granularity=granularity),
                           minitron=MinitronConfig(max_depth_drop=max_depth_drop, top_k=top_k))
+    check_out_file(out)
     ctx = SearchContext.build(teacher, match_target, workload if match_target else None, config,
                               importance=importance, corpus_dir=data)
     if params is not None:
