@@ -317,9 +317,8 @@ class ArchSpec(BaseModel):
                     hint="pass a JSON file written by `autocompress arch show --json` or by hand",
                 )
             text = path.read_text()
-        _require_both_blocks(text)
         try:
-            return cls.model_validate_json(text)
+            spec = cls.model_validate_json(text)
         except ValidationError as err:
             first = err.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
@@ -329,6 +328,8 @@ class ArchSpec(BaseModel):
                 hint='expected {"hidden_size": int, "layers": [{"attention": {"num_heads": int, '
                 '"num_kv_heads": int} | null, "ffn": {"intermediate_size": int} | null}]}',
             ) from None
+        _require_both_blocks(text)
+        return spec
 
     # ------------------------------------------------------------- builders
     @classmethod

@@ -183,7 +183,11 @@ def predict(
     preset = get_workload(workload) if workload else default_workload_for(target)
     target = target or preset.default_target
     chosen = preset.with_overrides(isl=isl, osl=osl, batch=concurrency)
+    if tp < 1:
+        raise AutoCompressError(f"--tp must be at least 1 (got {tp})",
+                                hint="--tp is the number of GPUs per replica, e.g. --tp 2")
     cm = _cost_model(target, tp, cost_model)
+    spec.validate_legality(tp=tp)
     result = cm.predict(spec, chosen)
     payload = {
         **result.metrics(),
