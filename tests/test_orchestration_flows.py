@@ -41,8 +41,12 @@ from flows.common import (  # noqa: E402
     run_steps,
     tracked_flow,  # noqa: E402
 )
+from tasks.data import prepare_corpus  # noqa: E402
+from tasks.distill import distill_model  # noqa: E402
+from tasks.prune import prune_model  # noqa: E402
 from tasks.registry import register_model  # noqa: E402
 from tasks.stage import StageContext, reset_faults, stage  # noqa: E402
+from tasks.teacher import publish_teacher  # noqa: E402
 
 CALLS: dict[str, int] = {}
 RESUMED_AT: list[int] = []
@@ -379,3 +383,86 @@ def test_registry_lineage_through_an_mlflow_server(env, mlflow_server, monkeypat
     weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
     bad = runner.invoke(app, ["lineage", "tiny-demo@1"])
     assert bad.exit_code == 1 and "mismatch" in bad.output
+
+
+# ---------------------------------------------------------------- a crash during distillation
+
+
+@stage("given_file", retry_delay_seconds=0)
+def given_file(ctx: StageContext, path: Path, kind: str) -> ArtifactRef:
+    """Publish a file made by the test (the arch and importance a search would pick)."""
+    return ctx.publish(path, kind)
+
+
+COMPRESS_TAIL = [
+    Step("teacher", publish_teacher, teacher_dir="teacher_dir"),
+    Step("corpus", prepare_corpus, corpus_dir="corpus_dir"),
+    Step("arch", given_file, path="arch_path", kind="arch_kind"),
+    Step("importance", given_file, path="importance_path", kind="importance_kind"),
+    Step("pruned", prune_model, teacher="teacher", arch="arch", importance="importance"),
+    Step("distilled", distill_model, teacher="teacher", student="pruned", corpus="corpus",
+         options="distill_options"),
+]
+
+
+@flow(name="compress-tail")
+def compress_tail(inputs: dict, experiment: str = "fault") -> FlowReport:
+    """The compress flow from the teacher to distillation, with its real stages."""
+    started = time.perf_counter()
+    with tracked_flow("compress-tail", {}, experiment, track=False) as run:
+        report = new_report("compress-tail", run)
+        values = {**inputs, "arch_kind": "archspec", "importance_kind": "importance"}
+        run_steps(COMPRESS_TAIL, values, run, report)
+        report.outputs = {"distilled": values["distilled"]}
+        return finish_report(report, run, started)
+
+
+def test_a_crash_during_distillation_resumes_to_the_same_model(env, tiny_corpus, tiny_tokenizer,
+                                                               monkeypatch):
+    import autocompress.training as training
+    from autocompress.arch import ArchSpec
+    from autocompress.importance import random_importance
+    from autocompress.modeling import arch_spec_of
+    from autocompress.modeling.tiny import tiny_model
+
+    teacher = tiny_model("llama", vocab_size=len(tiny_tokenizer), hidden_size=32, num_layers=2,
+                         num_heads=4, gqa_ratio=2, intermediate_size=64, head_dim=8, seed=1)
+    teacher.save_pretrained(env / "teacher")
+    tiny_tokenizer.save_pretrained(env / "teacher")
+    spec = arch_spec_of(teacher).to_dict()
+    spec["layers"][1]["ffn"]["intermediate_size"] = 32
+    ArchSpec.model_validate(spec).to_json(env / "arch.json")
+    random_importance(teacher, seed=0).save(env / "importance.safetensors")
+    inputs = {"teacher_dir": env / "teacher", "corpus_dir": tiny_corpus,
+              "arch_path": env / "arch.json", "importance_path": env / "importance.safetensors",
+              "distill_options": {"tokens": 4 * 32 * 8, "seq_len": 32, "batch_size": 4,
+                                  "ckpt_every": 2, "eval_batches": 1, "warmup_steps": 2}}
+
+    def weights(report):
+        return (report.outputs["distilled"].local_path() / "model.safetensors").read_bytes()
+
+    # The reference: one uninterrupted run in another home (nothing cached).
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(env / "home-reference"))
+    reference = compress_tail(inputs, experiment="reference")
+    assert set(_states(reference).values()) == {"Completed"}
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(env / "home"))
+
+    # The process "dies" right after distillation's checkpoint at step 4 of 8.
+    real_save = training.save_checkpoint
+
+    def save_then_die(ckpt_dir, model, optimizer, state):
+        real_save(ckpt_dir, model, optimizer, state)
+        if state.step == 4:
+            raise KeyboardInterrupt("killed during distillation")
+
+    monkeypatch.setattr(training, "save_checkpoint", save_then_die)
+    with pytest.raises(BaseException, match="killed during distillation"):
+        compress_tail(inputs)
+    monkeypatch.setattr(training, "save_checkpoint", real_save)
+
+    resumed = compress_tail(inputs)
+    states = _states(resumed)
+    assert states.pop("distilled") == "Completed"
+    assert set(states.values()) == {"Cached"}  # finished stages are reused
+    assert resumed.outputs["distilled"].meta["resumed"] is True  # from its checkpoint
+    assert weights(resumed) == weights(reference)  # bit for bit the uninterrupted model
