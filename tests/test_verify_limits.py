@@ -130,3 +130,19 @@ def test_cli_exit_codes_and_json(model_dir, tmp_path):
     assert result.exit_code == 1, result.output
     assert json.loads(out.read_text())["violations"] == ["memory_gb"]
     assert "FAIL" in result.output
+
+
+def test_the_note_of_a_fitted_cost_model_gives_its_fit_and_error():
+    from autocompress.costmodel.laws import ActivationLaw, LinearLaw
+    from autocompress.costmodel.model import CostModel, FitReport
+    from autocompress.costmodel.target import Target
+    from autocompress.verify import cost_model_note
+
+    fit = FitReport(created="2026-12-01T10:00:00", seconds=1.0, threads=2, n_probes=20,
+                    n_rows=60, workloads=["interactive-cpu"], timing="paired",
+                    train_mape={"tpot": 3.25, "ttft": 5.5}, median_spread={})
+    model = CostModel(target=Target.parse(CPU), activation=ActivationLaw.default(), fit=fit,
+                      timing=LinearLaw(prefill={"const.call": 1.0}, decode={"const.call": 1.0}))
+    note = cost_model_note(model)
+    assert "fitted 2026-12-01 on 20 probes" in note and "tpot 3.2%" in note
+    assert "costmodel validate" in note and "analytic" not in note
