@@ -44,6 +44,9 @@ from autocompress.errors import AutoCompressError
 
 GGUF_DTYPES = ("f32", "f16", "q8_0", "q4_0")
 GGUF_NAME = "model.gguf"
+# Our own metadata key: the source model's ArchSpec (JSON), which the layout plan
+# cannot be inverted to (a zero FFN or a dummy head looks like a real one).
+SPEC_KEY = "autocompress.arch_spec"
 
 
 class GGUFLayer(BaseModel):
@@ -266,13 +269,24 @@ def _special_id(value: Any, special: dict[str, int]) -> int | None:
     return None
 
 
-def _add_tokenizer(writer, model_dir: Path, config: Any, vocab_size: int) -> str:
-    meta = _tokenizer_metadata(model_dir, vocab_size)
+def _placeholder_tokenizer(vocab_size: int) -> dict[str, Any]:
+    """A vocabulary of ``[TOKi]`` entries: enough for the engine to run token ids."""
+    return {"tokens": [f"[TOK{i}]" for i in range(vocab_size)], "types": [1] * vocab_size,
+            "merges": ["[TOK0] [TOK1]"], "pre": "gpt-2", "special": {}}  # needs one merge
+
+
+def _add_tokenizer(writer, model_dir: Path | None, config: Any, vocab_size: int) -> str:
+    if model_dir is None:
+        meta = _placeholder_tokenizer(vocab_size)
+    else:
+        meta = _tokenizer_metadata(model_dir, vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(meta["pre"])
     writer.add_token_list(meta["tokens"])
     writer.add_token_types(meta["types"])
     writer.add_token_merges(meta["merges"])
+    if model_dir is None:
+        return "placeholder vocabulary (timing only)"
     tok_config_path = model_dir / "tokenizer_config.json"
     tok_config = json.loads(tok_config_path.read_text()) if tok_config_path.is_file() else {}
     for key, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
@@ -313,10 +327,13 @@ def _add_hparams(writer, arch: str, spec: ArchSpec, config: Any, layout: list[GG
 
 
 def write_gguf(
-    model: torch.nn.Module, tokenizer_dir: str | Path, out_path: str | Path, dtype: str = "f32",
-    name: str = "autocompress",
+    model: torch.nn.Module, tokenizer_dir: str | Path | None, out_path: str | Path,
+    dtype: str = "f32", name: str = "autocompress",
 ) -> GGUFExportReport:
-    """Write ``model`` (a loaded supported model) to ``out_path`` atomically."""
+    """Write ``model`` (a loaded supported model) to ``out_path`` atomically.
+
+    ``tokenizer_dir``: where tokenizer.json lives; None writes a placeholder
+    vocabulary (models timed with token ids only)."""
     import gguf
 
     from autocompress.modeling import arch_spec_of
@@ -336,10 +353,12 @@ def write_gguf(
     with atomic_path(out_path) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         writer.add_name(name)
+        writer.add_string(SPEC_KEY, spec.to_json(indent=None))
         _add_hparams(writer, arch, spec, model.config, layout)
         writer.add_file_type(_FILE_TYPES[dtype])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        tokenizer = _add_tokenizer(writer, Path(tokenizer_dir), model.config, spec.vocab_size)
+        tokenizer = _add_tokenizer(writer, Path(tokenizer_dir) if tokenizer_dir else None,
+                                   model.config, spec.vocab_size)
         fallback = []
         for tensor_name, array in gguf_tensors(model, spec, layout).items():
             data, raw, used = _encode(array, dtype)
@@ -374,6 +393,25 @@ def _notes(spec: ArchSpec, layout: list[GGUFLayer], fallback: list[str], dtype: 
 
 
 _FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}  # llama_ftype values
+
+
+def read_gguf_spec(path: str | Path) -> tuple[ArchSpec, str]:
+    """(ArchSpec, dtype) of a GGUF this module wrote."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as err:
+        raise AutoCompressError(f"cannot read GGUF {path}: {err}", hint="pass a file written "
+                                "by `autocompress export --format gguf`") from None
+    field = reader.fields.get(SPEC_KEY)
+    if field is None:
+        raise AutoCompressError(f"{path} has no {SPEC_KEY} metadata",
+                                hint="export it with `autocompress export --format gguf`")
+    spec = ArchSpec.model_validate_json(bytes(field.parts[field.data[0]]).decode())
+    file_type = int(reader.fields["general.file_type"].parts[-1][0])
+    dtype = {v: k for k, v in _FILE_TYPES.items()}.get(file_type, "unknown")
+    return spec, dtype
 
 
 def export_gguf(

@@ -113,7 +113,8 @@ class EngineSession:
 
     def __init__(self, path: str | Path, *, n_ctx: int, n_seq: int = 1, threads: int = 1,
                  kv_type: str = "f16", n_batch: int | None = None,
-                 all_logits: bool = False, flash_attn: bool | None = None) -> None:
+                 all_logits: bool = False, flash_attn: bool | None = None,
+                 n_outputs: int | None = None) -> None:
         global _log_lines
         lib = llama_cpp_module()
         self._lib = lib
@@ -133,8 +134,8 @@ class EngineSession:
         with _log_lock:
             _log_lines = []
             try:
-                self._open(path, n_ctx, n_seq, threads, kv_type, n_batch, all_logits,
-                           flash_attn)
+                self._open(path, n_ctx, n_seq, threads, kv_type, n_batch,
+                           n_batch if all_logits else n_outputs, flash_attn)
             except AutoCompressError as err:
                 errors = [line.strip() for line in _log_lines if "error" in line.lower()]
                 if errors:
@@ -149,7 +150,7 @@ class EngineSession:
         self._batches: dict[tuple, object] = {}
         self._positions = [0] * n_seq
 
-    def _open(self, path, n_ctx, n_seq, threads, kv_type, n_batch, all_logits,
+    def _open(self, path, n_ctx, n_seq, threads, kv_type, n_batch, n_outputs,
               flash_attn) -> None:
         lib = self._lib
         lib.llama_backend_init()
@@ -166,8 +167,8 @@ class EngineSession:
         cparams.n_seq_max = n_seq
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.type_k = cparams.type_v = KV_TYPES[kv_type]
-        if all_logits:
-            cparams.n_outputs_max = n_batch
+        if n_outputs:  # rows of logits the compute buffer is sized for (default n_batch)
+            cparams.n_outputs_max = n_outputs
         if flash_attn is not None:  # None: the engine's default (auto: on for the CPU)
             cparams.flash_attn_type = int(flash_attn)
         self._ctx = lib.llama_init_from_model(self._model, cparams)

@@ -31,10 +31,13 @@ fit``) or, without one, from the analytic spec-sheet model, which is not fitted
 to this machine; the report says which (``prediction_note``) and, for a fitted
 one, its error on its own probes.
 
-Targets measured here: ``cpu-local/hf-eager/*`` on this CPU, and
-``<gpu>/hf-eager/*`` on the local CUDA device when there is one. Serving engines
-such as vLLM or TensorRT-LLM are not driven by this harness; verifying on them
-is an error with a hint rather than a silently wrong number.
+Targets measured here: ``cpu-local/hf-eager/*`` on this CPU,
+``<gpu>/hf-eager/*`` on the local CUDA device when there is one, and
+``cpu-local/llama.cpp/*``: a ``.gguf`` file is run in the engine as it is (its
+type must be the target's); a model directory is first exported to GGUF of the
+target's type (``gguf_export``), so what is verified is what the engine serves.
+Serving engines such as vLLM or TensorRT-LLM are not driven by this harness;
+verifying on them is an error with a hint rather than a silently wrong number.
 """
 
 from __future__ import annotations
@@ -150,18 +153,21 @@ def verify(
 
     target = Target.parse(target) if isinstance(target, str) else target
     workload = get_workload(workload) if isinstance(workload, str) else workload
-    device = measurement_device(target)
     cost_model = cost_model or CostModel.for_target(target)
-
-    model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
-                              with_tokenizer=False)
-    model.to(device)
-    spec = arch_spec_of(model)
+    if target.engine.name == "llama.cpp":
+        spec, (measurement, statistic) = _measure_in_llamacpp(
+            model_dir, target, workload, cost_model, repeats, warmup, seed, threads)
+    else:
+        device = measurement_device(target)
+        model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
+                                  with_tokenizer=False)
+        model.to(device)
+        spec = arch_spec_of(model)
+        measurement, statistic = measure_as_fitted(model, workload, cost_model,
+                                                   repeats=repeats, warmup=warmup, seed=seed,
+                                                   threads=threads)
     predicted, note = _predict(cost_model, spec, workload)
     note = "; ".join(filter(None, [cost_model_note(cost_model), note]))
-
-    measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,
-                                               warmup=warmup, seed=seed, threads=threads)
     measured = measurement.metrics(statistic)
     noise = measurement_noise(measurement)
     checks = limits.check(measured, noise)
@@ -190,6 +196,29 @@ def cost_model_note(cost_model) -> str:
     return (f"predicted by the cost model fitted {fit.created[:10]} on {fit.n_probes} probes "
             f"({fit.threads} threads, {fit.timing} timing; error on its probes: {mape}); "
             "`autocompress costmodel validate` measures its error on new architectures")
+
+
+def _measure_in_llamacpp(model_dir, target, workload, cost_model, repeats, warmup, seed,
+                         threads):
+    """(spec, (Measurement, statistic)) of a GGUF file, or of a model exported to one."""
+    import tempfile
+
+    from autocompress.costmodel.measure_llamacpp import measure_gguf_as_fitted
+    from autocompress.gguf_export import export_gguf, read_gguf_spec
+
+    def measure(path):
+        return measure_gguf_as_fitted(path, workload, cost_model, repeats=repeats,
+                                      warmup=warmup, seed=seed, threads=threads)
+
+    if Path(model_dir).suffix == ".gguf":
+        spec, dtype = read_gguf_spec(model_dir)
+        if dtype != target.dtype:
+            raise AutoCompressError(f"{model_dir} holds {dtype} weights, not {target.dtype}",
+                                    hint=f"verify with --target cpu-local/llama.cpp/{dtype}")
+        return spec, measure(model_dir)
+    with tempfile.TemporaryDirectory(prefix="ac-verify-") as tmp:
+        report = export_gguf(model_dir, Path(tmp) / "model.gguf", target.dtype)
+        return read_gguf_spec(report.path)[0], measure(report.path)
 
 
 def _predict(cost_model, spec, workload) -> tuple[dict[str, float] | None, str | None]:

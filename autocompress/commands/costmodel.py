@@ -30,8 +30,8 @@ STATISTIC_HELP = (
     "uncontended speed when other jobs share the CPU)."
 )
 THREADS_HELP = (
-    "torch CPU threads while measuring (the fitted model is valid for this count; "
-    "1 on a shared machine)."
+    "CPU threads while measuring (torch's, or llama.cpp's own; the fitted model is valid "
+    "for this count; 1 on a shared machine)."
 )
 
 
@@ -132,11 +132,11 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print JSON inste
         console.print(f"[bold]{w.name}[/bold]: {w.description}")
 
 
-def _cost_model(target_text: str, tp: int, cost_model: Path | None):
+def _cost_model(target_text: str, tp: int, cost_model: Path | None, threads: int = 1):
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
 
-    target = Target.parse(target_text, tp=tp)
+    target = Target.parse(target_text, tp=tp, threads=threads)
     if cost_model is not None:
         model = CostModel.load(cost_model)
         if model.target.name != target.name:
@@ -233,7 +233,8 @@ def _workloads(names: list[str] | None):
 @costmodel_app.command("fit")
 def fit(
     target: str = typer.Option("cpu-local/hf-eager/fp32", "--target",
-                               help="A measurable target (the local CPU with hf-eager)."),
+                               help="A measurable target: cpu-local/hf-eager/fp32|bf16 or "
+                               "cpu-local/llama.cpp/f32|f16|q8_0|q4_0."),
     probes: int = typer.Option(20, "--probes", help="Probe architectures to measure."),
     workload: list[str] = typer.Option(
         None, "--workload", help="Workloads to fit on (repeatable; default: the three "
@@ -262,7 +263,7 @@ def fit(
     from autocompress.costmodel.target import Target
 
     _set_threads(threads)
-    parsed = Target.parse(target)
+    parsed = Target.parse(target, threads=threads)
     model, rows = fit_cost_model(parsed, default_base_config(), _workloads(workload),
                                  n_probes=probes, repeats=repeats, warmup=warmup, seed=seed,
                                  statistic=statistic, paired=paired)
@@ -286,7 +287,8 @@ def fit(
 @costmodel_app.command("validate")
 def validate(
     target: str = typer.Option("cpu-local/hf-eager/fp32", "--target",
-                               help="A measurable target (the local CPU with hf-eager)."),
+                               help="A measurable target: cpu-local/hf-eager/fp32|bf16 or "
+                               "cpu-local/llama.cpp/f32|f16|q8_0|q4_0."),
     n: int = typer.Option(30, "--n", help="Sampled architectures."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the report JSON here."),
     plot: Path | None = typer.Option(None, "--plot", help="Write a predicted-vs-measured PNG."),
@@ -310,8 +312,8 @@ def validate(
     _set_threads(threads)
     if not Target.parse(target).measurable:
         raise AutoCompressError(f"{target} cannot be measured on this machine",
-                                hint="validate cpu-local/hf-eager/fp32")
-    model = _cost_model(target, 1, cost_model)
+                                hint="validate cpu-local/hf-eager/fp32 or cpu-local/llama.cpp/q8_0")
+    model = _cost_model(target, 1, cost_model, threads)
     if model.source != "fitted":
         console.print("[yellow]no fitted model for this target: validating the analytic "
                       "one (run `autocompress costmodel fit` first)[/yellow]")

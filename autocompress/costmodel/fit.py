@@ -88,18 +88,30 @@ def measure_probes(
     progress: bool = True,
     dtype: torch.dtype = torch.float32,
     reference: torch.nn.Module | None = None,
+    target: Target | None = None,
 ) -> list[ProbeRow]:
     """Build every probe (random weights, ``dtype``) and measure it on every workload
-    (paired with ``reference`` when given)."""
+    (paired with ``reference`` when given; in llama.cpp when ``target`` is its)."""
     from autocompress.modeling import build_model
 
     models = [
         build_model(spec, base_config, seed=seed + i, dtype=dtype)
         for i, spec in enumerate(specs)
     ]
-    grid = measure_grid(models, workloads, repeats=repeats, warmup=warmup, seed=seed,
-                        progress=progress, description="measuring probes", reference=reference)
+    grid = measure_on_target(target, models, workloads, repeats=repeats, warmup=warmup,
+                             seed=seed, progress=progress, description="measuring probes",
+                             reference=reference)
     return rows_from_grid(specs, workloads, grid)
+
+
+def measure_on_target(target: Target | None, models, workloads, **kwargs):
+    """``measure_grid`` (PyTorch) or, for a llama.cpp target, the same grid in the engine."""
+    if target is not None and target.engine.name == "llama.cpp":
+        from autocompress.costmodel.measure_llamacpp import measure_models_llamacpp
+
+        return measure_models_llamacpp(models, workloads, target.dtype, target.threads,
+                                       **kwargs)
+    return measure_grid(models, workloads, **kwargs)
 
 
 def rows_from_grid(
@@ -159,6 +171,28 @@ def relative_nnls(rows: list[dict[str, float]], targets: np.ndarray,
     solution, _ = nnls(a[:, keep] / norms[keep], b, maxiter=50 * len(names))
     theta[keep] = solution / norms[keep]
     return {name: float(value) for name, value in zip(names, theta, strict=True)}
+
+
+def static_memory_candidates(model: CostModel, spec: ArchSpec, workload: Workload):
+    """Like ``memory_candidates`` for engines that allocate the KV cache up front
+    (llama.cpp): fixed = weights + overhead + the whole cache; candidates are each
+    block's temporaries at the engine's activation shape (no cache inside)."""
+    env = model.env(spec, workload)
+    h = spec.hidden_size
+    act_env = model._activation_env(env)
+    const = model.const_memory(h, env)
+    fixed = const["weights"] + const["overhead"]
+    pre_const = activation_const_features(h, act_env, act_env.tokens)
+    candidates = []
+    for layer in spec.layers:
+        for option in (layer.attention, layer.ffn):
+            shape = block_shape(option, h, env)
+            if shape is None:
+                continue
+            block = model.block_memory(shape, h, env)
+            fixed += block["weights"] + block["kv_final"]
+            candidates.append((0.0, _merge(pre_const, activation_features(shape, h, act_env))))
+    return fixed, candidates
 
 
 def memory_candidates(model: CostModel, spec: ArchSpec, workload: Workload):
@@ -248,10 +282,9 @@ def fit_from_rows(
         prefill=relative_nnls([timing_features(start, s, w, "prefill") for s, w in pairs], ttft),
         decode=relative_nnls([timing_features(start, s, w, "decode") for s, w in pairs], tpot),
     )
-    if not start.dynamic_cache:
-        raise AutoCompressError(f"{target.name}: only dynamic-cache engines are fitted here")
+    candidates = memory_candidates if start.dynamic_cache else static_memory_candidates
     memory_rows = [
-        (row.memory_bytes, *memory_candidates(start, s, w))
+        (row.memory_bytes, *candidates(start, s, w))
         for row, (s, w) in zip(rows, pairs, strict=True)
     ]
     activation = fit_activation(memory_rows, start.activation)
@@ -309,7 +342,8 @@ def fit_cost_model(
     if not target.measurable:
         raise AutoCompressError(
             f"target {target.name} cannot be measured on this machine",
-            hint="fit cpu-local/hf-eager; GPU targets use the analytic (spec-sheet) model",
+            hint="fit cpu-local/hf-eager or cpu-local/llama.cpp; GPU targets use the analytic "
+            "(spec-sheet) model",
         )
     from autocompress.modeling import arch_spec_of
 
@@ -318,14 +352,16 @@ def fit_cost_model(
     base_spec = arch_spec_of(base_config)
     space = ProbeSampler.around(base_spec)
     specs = space.probe_specs(n_probes, seed=seed)
-    dtype = torch.float32 if target.dtype == "fp32" else torch.bfloat16
+    dtype = torch.bfloat16 if target.dtype == "bf16" else torch.float32
     reference = timing_reference(base_spec, dtype) if paired else None
     rows = measure_probes(specs, base_config, workloads, repeats, warmup, seed, progress, dtype,
-                          reference)
+                          reference, target)
     model = fit_from_rows(target, rows, statistic)
     report = fit_report(model, rows, statistic, n_probes=len(specs), workloads=workloads,
                         seconds=time.perf_counter() - start,
                         reference_spec=base_spec if paired else None)
+    if target.engine.name == "llama.cpp":
+        report.threads = target.threads
     return model.model_copy(update={"fit": report}), rows
 
 

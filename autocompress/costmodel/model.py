@@ -19,6 +19,10 @@ Memory, per device (per tensor-parallel rank), in decimal GB:
   ``block_size`` tokens; ``memory_gb`` reports what the workload needs (weights
   + pages of its sequences + activations + overhead), not the whole reservation.
 - trtllm: the pool is ``fraction × (memory − weights − activations − overhead)``.
+- llama.cpp: weights + the KV cache of ``batch`` sequences × ``isl + osl`` cells
+  (rounded up to 256 per sequence) + the compute buffer, which the engine sizes
+  for one micro-batch of ``min(batch × isl, 512)`` tokens: the largest block's
+  temporaries at that many tokens (fitted to the buffer sizes the engine reports).
 
 A cost model is saved as JSON with a content hash (``save``/``load``); its
 ``version`` string names the target and the first 12 hex digits of the hash.
@@ -57,6 +61,8 @@ FORMAT_VERSION = 1
 GB = 1e9
 GIB = 2**30
 PAGED_ENGINES = ("vllm", "trtllm")
+# Engines that allocate the whole KV cache up front (no cache growing inside a forward).
+STATIC_CACHE_ENGINES = (*PAGED_ENGINES, "llama.cpp")
 BLOCK_MEMORY_KEYS = ("weights", "kv_prefill", "kv_final", "prefill_act", "decode_act")
 
 
@@ -236,8 +242,13 @@ class CostModel(BaseModel):
         return self.timing.const_ms(phase, hidden, env)
 
     def _activation_env(self, env: Env) -> Env:
-        """Paged engines size activations by their profiling forward, not the workload."""
+        """Paged engines size activations by their profiling forward, not the workload;
+        llama.cpp by one micro-batch."""
         engine = self.target.engine
+        if engine.name == "llama.cpp":
+            from autocompress.costmodel.measure_llamacpp import ENGINE_UBATCH
+
+            return dataclasses.replace(env, batch=1, isl=min(env.tokens, ENGINE_UBATCH))
         if engine.name not in PAGED_ENGINES or not engine.max_num_batched_tokens:
             return env
         seqs = engine.max_num_seqs or 1
@@ -249,7 +260,7 @@ class CostModel(BaseModel):
         """hf-eager grows a DynamicCache inside the forward pass, so the cache of the
         layers already run is alive at every block's activation peak. Paged engines
         allocate the KV pool up front, apart from activations."""
-        return self.target.engine.name not in PAGED_ENGINES
+        return self.target.engine.name not in STATIC_CACHE_ENGINES
 
     def block_memory(self, shape: BlockShape | None, hidden: int, env: Env) -> dict[str, float]:
         """Bytes of one block (all 0 for a removed block).
@@ -284,6 +295,11 @@ class CostModel(BaseModel):
     def _kv_tokens_per_sequence(self, env: Env) -> float:
         """Cache slots a sequence holds: whole pages on paged engines."""
         block = self.target.engine.block_size
+        if self.target.engine.name == "llama.cpp":
+            from autocompress.costmodel.measure_llamacpp import CONTEXT_ROUNDING
+
+            cells = env.final_context + 1  # isl + osl
+            return float(math.ceil(cells / CONTEXT_ROUNDING) * CONTEXT_ROUNDING)
         if self.target.engine.name in PAGED_ENGINES and block:
             return math.ceil(env.final_context / block) * block
         return float(env.final_context)
@@ -478,7 +494,8 @@ def _largest(ok, low: int, high: int) -> int:
 
 def default_path(target: Target) -> Path:
     """Where ``costmodel fit`` saves the fitted model of ``target``."""
-    slug = re.sub(r"[^a-z0-9.-]+", "_", target.name.lower())
+    name = target.name if target.threads == 1 else f"{target.name}-{target.threads}t"
+    slug = re.sub(r"[^a-z0-9.-]+", "_", name.lower())
     return paths.home() / "costmodels" / f"{slug}.json"
 
 

@@ -18,6 +18,12 @@ Engines:
 - ``trtllm``: analytic. Same paging idea: ``free_gpu_memory_fraction`` of the
   memory left after weights and activations goes to KV blocks of
   ``tokens_per_block`` tokens (here both are mapped to the same two fields).
+- ``llama.cpp``: measurable on the local CPU (``cpu-local/llama.cpp/q8_0``; types
+  f32, f16, q8_0, q4_0 of the GGUF's 2-D weights; ``threads`` is the engine's
+  thread count). The model is exported to GGUF and served with the engine's
+  defaults: an f16 KV cache allocated up front for ``batch × (isl + osl)``
+  tokens (each sequence rounded up to 256), compute buffers for 512-token
+  micro-batches (``costmodel.measure_llamacpp``).
 
 The efficiencies and overheads of the analytic engines are assumptions with
 typical values (prefill GEMM 0.55–0.75 of peak, decode bandwidth
@@ -33,11 +39,16 @@ from autocompress.errors import AutoCompressError
 from autocompress.hardware import LOCAL_CPU, HardwareProfile, HardwareSpec, known_hardware
 from autocompress.hardware import resolve_hardware as _resolve_hardware
 
-# Bytes per element of weights / KV cache / activations for each dtype name.
-DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+# Bytes per element of weights / KV cache / activations for each dtype name
+# (GGUF types: q8_0 stores 32 values in 34 bytes, q4_0 in 18).
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1,
+                                 "f32": 4, "f16": 2, "q8_0": 34 / 32, "q4_0": 18 / 32}
 # Activations are computed in this dtype (fp8 engines keep bf16 activations).
-ACTIVATION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16"}
-MEASURABLE_ENGINES = ("hf-eager",)
+ACTIVATION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16",
+                    "f32": "fp32", "f16": "fp32", "q8_0": "fp32", "q4_0": "fp32"}
+MEASURABLE_ENGINES = ("hf-eager", "llama.cpp")
+LLAMACPP_DTYPES = ("f32", "f16", "q8_0", "q4_0")
+CPU_DTYPES = {"hf-eager": ("fp32", "bf16"), "llama.cpp": LLAMACPP_DTYPES}
 
 
 class EngineConfig(BaseModel):
@@ -73,6 +84,8 @@ class EngineConfig(BaseModel):
     step_overhead_ms: float = Field(default=0.3, description="Per step fixed cost (T0).")
     attention_overhead_us: float = Field(default=5.0, description="Per attention block, per step.")
     ffn_overhead_us: float = Field(default=3.0, description="Per FFN block, per step.")
+    kv_dtype: str | None = Field(
+        default=None, description="KV cache dtype when it is not the weights' (llama.cpp: f16).")
 
 
 ENGINES: dict[str, EngineConfig] = {
@@ -139,6 +152,22 @@ CPU_HF_EAGER = ENGINES["hf-eager"].model_copy(
 )
 
 
+# llama.cpp on the CPU: a few microseconds per graph node, a static graph per step.
+LLAMACPP = EngineConfig(
+    name="llama.cpp",
+    measurable=True,
+    kv_dtype="f16",
+    eta_gemm=0.5,
+    eta_weight_bw=0.8,
+    eta_kv_bw=0.5,
+    eta_attention=0.3,
+    step_overhead_ms=0.1,
+    attention_overhead_us=20.0,
+    ffn_overhead_us=10.0,
+)
+CPU_ENGINES = {"hf-eager": CPU_HF_EAGER, "llama.cpp": LLAMACPP}
+
+
 class Target(BaseModel):
     """Where and how a model is served."""
 
@@ -148,6 +177,7 @@ class Target(BaseModel):
     engine: EngineConfig
     dtype: str = Field(description="Weights and KV cache dtype: fp32, bf16, fp16 or fp8.")
     tp: int = Field(default=1, ge=1, description="Tensor-parallel degree (GPUs per replica).")
+    threads: int = Field(default=1, ge=1, description="llama.cpp: the engine's thread count.")
 
     @property
     def name(self) -> str:
@@ -165,7 +195,7 @@ class Target(BaseModel):
 
     @property
     def kv_bytes(self) -> float:
-        return DTYPE_BYTES[self.dtype]
+        return DTYPE_BYTES[self.engine.kv_dtype or self.dtype]
 
     @property
     def activation_bytes(self) -> float:
@@ -173,12 +203,13 @@ class Target(BaseModel):
 
     @property
     def compute_dtype(self) -> str:
-        """The dtype whose peak FLOP/s applies (fp8 GEMMs run at fp8 rate)."""
-        return self.dtype
+        """The dtype whose peak FLOP/s applies (fp8 GEMMs run at fp8 rate; llama.cpp's
+        CPU kernels accumulate in fp32)."""
+        return "fp32" if self.dtype in LLAMACPP_DTYPES else self.dtype
 
     @classmethod
     def parse(
-        cls, text: str, tp: int = 1, profile: HardwareProfile | None = None
+        cls, text: str, tp: int = 1, profile: HardwareProfile | None = None, threads: int = 1,
     ) -> Target:
         """Parse ``HARDWARE/ENGINE[/DTYPE]``; unknown parts raise AutoCompressError."""
         parts = [p.strip().lower() for p in text.strip().split("/")]
@@ -192,32 +223,41 @@ class Target(BaseModel):
         if hw_name not in known_hardware():
             raise AutoCompressError(f"unknown hardware {hw_name!r} in target {text!r}",
                                     hint=known_targets_text())
-        if engine_name not in ENGINES:
+        if engine_name not in ENGINES and engine_name not in CPU_ENGINES:
             raise AutoCompressError(f"unknown serving engine {engine_name!r} in target {text!r}",
                                     hint=known_targets_text())
         is_cpu = hw_name == LOCAL_CPU
-        dtype = parts[2] if len(parts) == 3 else ("fp32" if is_cpu else "bf16")
+        if engine_name == "llama.cpp" and not is_cpu:
+            raise AutoCompressError(f"llama.cpp is measured on {LOCAL_CPU} only",
+                                    hint="use cpu-local/llama.cpp/q8_0 (or f32, f16, q4_0)")
+        default = "q8_0" if engine_name == "llama.cpp" else ("fp32" if is_cpu else "bf16")
+        dtype = parts[2] if len(parts) == 3 else default
         if dtype not in DTYPE_BYTES:
             raise AutoCompressError(f"unknown dtype {dtype!r} in target {text!r}",
                                     hint=f"dtypes: {', '.join(DTYPE_BYTES)}")
-        if is_cpu and engine_name != "hf-eager":
+        if is_cpu and engine_name not in CPU_ENGINES:
             raise AutoCompressError(
                 f"engine {engine_name} is not modelled on the CPU",
-                hint="use cpu-local/hf-eager/fp32 (or bf16)",
+                hint="use cpu-local/hf-eager/fp32 (or bf16) or cpu-local/llama.cpp/q8_0",
             )
-        if is_cpu and dtype not in ("fp32", "bf16"):
-            raise AutoCompressError(f"dtype {dtype} is not available on the CPU",
-                                    hint="use fp32 or bf16")
+        if is_cpu and dtype not in CPU_DTYPES[engine_name]:
+            allowed = ", ".join(CPU_DTYPES[engine_name])
+            raise AutoCompressError(f"dtype {dtype} is not available for {engine_name} on the "
+                                    "CPU", hint=f"use {allowed}")
+        if engine_name != "llama.cpp" and dtype in LLAMACPP_DTYPES:
+            raise AutoCompressError(f"dtype {dtype} is a GGUF type (llama.cpp only)",
+                                    hint="use fp32, bf16, fp16 or fp8")
         if is_cpu and tp != 1:
             raise AutoCompressError("tensor parallelism needs GPUs", hint="use --tp 1 on cpu-local")
         hardware = _resolve_hardware(hw_name, profile)
-        engine = CPU_HF_EAGER if is_cpu else ENGINES[engine_name]
-        return cls(hardware=hardware, engine=engine, dtype=dtype, tp=tp)
+        engine = CPU_ENGINES[engine_name] if is_cpu else ENGINES[engine_name]
+        return cls(hardware=hardware, engine=engine, dtype=dtype, tp=tp, threads=threads)
 
 
 def known_targets() -> list[str]:
     """Every valid ``hardware/engine/dtype`` combination."""
     names = [f"{LOCAL_CPU}/hf-eager/fp32", f"{LOCAL_CPU}/hf-eager/bf16"]
+    names += [f"{LOCAL_CPU}/llama.cpp/{dtype}" for dtype in LLAMACPP_DTYPES]
     for hw in known_hardware():
         if hw == LOCAL_CPU:
             continue
@@ -229,5 +269,6 @@ def known_targets_text() -> str:
     hardware = ", ".join(known_hardware())
     return (
         f"known hardware: {hardware}; engines: {', '.join(ENGINES)}; dtypes: "
-        f"{', '.join(DTYPE_BYTES)} (cpu-local supports only hf-eager with fp32/bf16)"
+        f"{', '.join(DTYPE_BYTES)} (cpu-local supports hf-eager with fp32/bf16 and llama.cpp "
+        f"with {'/'.join(LLAMACPP_DTYPES)})"
     )

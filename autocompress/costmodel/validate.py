@@ -35,7 +35,6 @@ from autocompress.atomic import atomic_path
 from autocompress.costmodel.measure import (
     STATISTICS,
     Measurement,
-    measure_grid,
     timing_reference,
 )
 from autocompress.costmodel.model import CostModel
@@ -146,9 +145,11 @@ def validate_cost_model(
     base = arch_spec_of(base_config)
     specs = sample_specs(base, n, seed)
     models = [build_model(spec, base_config, seed=seed + i) for i, spec in enumerate(specs)]
-    grid = measure_grid(models, workloads, repeats=repeats, warmup=warmup, seed=seed,
-                        progress=progress, description="validating",
-                        reference=validation_reference(model, base))
+    from autocompress.costmodel.fit import measure_on_target
+
+    grid = measure_on_target(model.target, models, workloads, repeats=repeats, warmup=warmup,
+                             seed=seed, progress=progress, description="validating",
+                             reference=validation_reference(model, base))
     return score_measurements(model, specs, workloads, grid, statistic,
                               seconds=time.perf_counter() - start)
 

@@ -51,6 +51,20 @@ def measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload,
     from autocompress.verify import measurement_device, measurement_noise
 
     model = build_model(spec, base_config, seed=0).eval()
+    if cost_model.target.engine.name == "llama.cpp":  # timed in the engine, as a GGUF
+        import tempfile
+        from pathlib import Path
+
+        from autocompress.costmodel.measure_llamacpp import (
+            measure_gguf_as_fitted,
+            write_timing_gguf,
+        )
+
+        with tempfile.TemporaryDirectory(prefix="ac-search-") as tmp:
+            path = write_timing_gguf(model, Path(tmp), "candidate", cost_model.target.dtype)
+            measurement, statistic = measure_gguf_as_fitted(path, workload, cost_model,
+                                                            repeats=repeats)
+        return measurement.metrics(statistic), measurement_noise(measurement)
     model.to(measurement_device(cost_model.target))
     measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,
                                                memory=False)

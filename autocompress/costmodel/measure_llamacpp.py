@@ -1,0 +1,256 @@
+"""Measuring models in llama.cpp with the paired discipline of ``costmodel.measure``.
+
+Each model (a loaded model, or a GGUF file) is written as GGUF of the target's
+type and served by llama.cpp as a user would run it: the engine's defaults
+(flash attention auto, f16 KV cache), ``threads`` threads, one context per
+(model, workload) sized ``batch`` sequences × ``isl + osl`` tokens (rounded up to
+256, as the engine does), ``batch`` sequences decoded together in one call.
+
+- **TTFT**: one ``llama_decode`` of the whole ``batch × isl`` prompt batch (the
+  engine splits it into micro-batches of 512 tokens), plus the argmax of each
+  sequence's last logits.
+- **TPOT**: one decode call with one token per sequence; the median step of a run.
+- **Memory**: what the engine reported allocating for this context: the model
+  buffer (weights), the KV cache, the output buffer and the compute buffer.
+
+Runs are paired with a reference (the teacher's architecture, random weights,
+the same type) exactly as ``measure.generate_paired`` pairs PyTorch models:
+alternating prefills into emptied caches, then decode steps in lockstep, the
+order flipped every round; the result is ratio × the reference's pooled
+10th-percentile time (``measure._Samples``).
+
+One difference: a run is reduced to its *floor* before the ratio is taken (the
+fastest of its prefills, the 10th percentile of its decode steps). The engine
+does the same work every step, so other jobs on a shared CPU only ever add
+time; on this machine, under a load of 15 on 2 cores, the median step of a run
+jumped by 2× between runs and the ratios of medians had an IQR of 30-180 %
+(``local-coding-cpu``, ``datacenter-cpu``), where interactive runs, short enough
+to fall between preemptions, stayed within 2-9 %.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.progress import Progress
+
+from autocompress.costmodel.measure import (
+    PAIRED_PREFILLS,
+    Measurement,
+    RunTimes,
+    _Samples,
+)
+from autocompress.costmodel.workload import Workload
+from autocompress.hardware import RobustStat
+
+ENGINE_UBATCH = 512  # llama.cpp's default micro-batch
+CONTEXT_ROUNDING = 256  # llama.cpp pads each sequence's context to a multiple of this
+
+
+def context_per_sequence(workload: Workload) -> int:
+    """KV cells the engine gives each sequence for this workload."""
+    need = workload.isl + workload.osl
+    return -(-need // CONTEXT_ROUNDING) * CONTEXT_ROUNDING
+
+
+def open_session(path: str | Path, workload: Workload, threads: int):
+    """An ``EngineSession`` sized for ``workload`` (see the module docstring)."""
+    from autocompress.llamacpp import EngineSession
+
+    return EngineSession(path, n_ctx=workload.batch * context_per_sequence(workload),
+                         n_seq=workload.batch, threads=threads,
+                         n_batch=workload.batch * workload.isl, n_outputs=workload.batch)
+
+
+def write_timing_gguf(model: torch.nn.Module, directory: Path, name: str, dtype: str) -> Path:
+    """``model`` as a GGUF of ``dtype`` for timing (a placeholder vocabulary)."""
+    from autocompress.gguf_export import write_gguf
+
+    path = directory / f"{name}.gguf"
+    write_gguf(model, None, path, dtype, name=name)
+    return path
+
+
+def _prompts(workload: Workload, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab, size=(workload.batch, workload.isl)).tolist()
+
+
+def run_paired(model, reference, workload: Workload, prompts, reference_prompts,
+               reference_first: bool = False) -> RunTimes:
+    """Time ``model`` and ``reference`` sessions in lockstep (see ``generate_paired``)."""
+    sessions = [reference, model] if reference_first else [model, reference]
+    batches = [s.prepare_prefill(p) for s, p in zip(
+        sessions, [reference_prompts, prompts] if reference_first else [prompts,
+                                                                        reference_prompts],
+        strict=True)]
+    lengths = [workload.isl] * workload.batch
+    times = [{"prefill": [], "step": []} for _ in sessions]
+    tokens: list[list[int]] = [[], []]
+    for _ in range(PAIRED_PREFILLS):
+        for i, (session, batch) in enumerate(zip(sessions, batches, strict=True)):
+            session.clear()
+            start = time.perf_counter()
+            tokens[i] = session.prefill(batch, lengths)
+            times[i]["prefill"].append(time.perf_counter() - start)
+    for _ in range(workload.decode_steps):
+        for i, session in enumerate(sessions):
+            start = time.perf_counter()
+            tokens[i] = session.decode(tokens[i])
+            times[i]["step"].append(time.perf_counter() - start)
+    mine, theirs = (times[1], times[0]) if reference_first else (times[0], times[1])
+    return _floor(RunTimes(prefills=mine["prefill"], reference_prefills=theirs["prefill"],
+                           steps=mine["step"], reference_steps=theirs["step"]))
+
+
+def _floor(run: RunTimes) -> RunTimes:
+    """The run reduced to its uncontended times (see the module docstring)."""
+    def low(values: list[float]) -> list[float]:
+        return [float(np.percentile(values, 10))] if values else []
+
+    return RunTimes(prefills=[min(run.prefills)],
+                    reference_prefills=[min(run.reference_prefills)]
+                    if run.reference_prefills else [],
+                    steps=low(run.steps), reference_steps=low(run.reference_steps))
+
+
+def run_once(session, workload: Workload, prompts) -> RunTimes:
+    """One unpaired run: a prefill and ``osl − 1`` decode steps."""
+    batch = session.prepare_prefill(prompts)
+    session.clear()
+    start = time.perf_counter()
+    tokens = session.prefill(batch, [workload.isl] * workload.batch)
+    prefill = time.perf_counter() - start
+    steps = []
+    for _ in range(workload.decode_steps):
+        start = time.perf_counter()
+        tokens = session.decode(tokens)
+        steps.append(time.perf_counter() - start)
+    return _floor(RunTimes(prefills=[prefill], reference_prefills=[], steps=steps,
+                           reference_steps=[]))
+
+
+def measure_gguf_grid(
+    paths: Sequence[Path],
+    workloads: Sequence[Workload],
+    threads: int = 1,
+    repeats: int = 5,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: bool = True,
+    description: str = "measuring in llama.cpp",
+    reference: Path | None = None,
+    reference_params: int = 0,
+) -> list[list[Measurement]]:
+    """Measure every GGUF on every workload in llama.cpp: ``result[w][m]``.
+
+    Per workload, every model's session is open at once and each round runs every
+    model once in a new shuffled order (paired with ``reference`` when given).
+    """
+    results: list[list[Measurement]] = []
+    shuffler = random.Random(seed)
+    with Progress(transient=True, disable=not progress) as bar:
+        task = bar.add_task(description, total=(warmup + repeats) * len(paths) * len(workloads))
+        for workload in workloads:
+            sessions = [open_session(path, workload, threads) for path in paths]
+            ref = open_session(reference, workload, threads) if reference else None
+            try:
+                results.append(_measure_workload(sessions, ref, workload, repeats, warmup,
+                                                 seed, shuffler, reference_params, threads,
+                                                 lambda: bar.advance(task)))
+            finally:
+                for session in [*sessions, ref]:
+                    if session is not None:
+                        session.close()
+    return results
+
+
+def _measure_workload(sessions, ref, workload, repeats, warmup, seed, shuffler,
+                      reference_params, threads, advance) -> list[Measurement]:
+    prompts = [_prompts(workload, s.n_vocab, seed) for s in sessions]
+    ref_prompts = _prompts(workload, ref.n_vocab, seed) if ref else None
+    samples = [_Samples() for _ in sessions]
+    ref_prefills: list[float] = []
+    ref_steps: list[float] = []
+    for round_index in range(warmup + repeats):
+        order = list(range(len(sessions)))
+        shuffler.shuffle(order)
+        for m in order:
+            if ref is None:
+                run = run_once(sessions[m], workload, prompts[m])
+            else:
+                run = run_paired(sessions[m], ref, workload, prompts[m], ref_prompts,
+                                 reference_first=round_index % 2 == 1)
+            if round_index >= warmup:
+                samples[m].add(run)
+                ref_prefills += [t * 1e3 for t in run.reference_prefills]
+                ref_steps += [t * 1e3 for t in run.reference_steps]
+            advance()
+    pooled = None if ref is None else {
+        "reference_ttft_ms": RobustStat.of(ref_prefills, "ms"),
+        "reference_tpot_ms": RobustStat.of(ref_steps or [0.0], "ms"),
+        "reference_params": reference_params,
+    }
+    return [
+        Measurement(
+            workload=workload,
+            **sample.timing_fields(pooled),
+            memory_bytes=session.memory.total,
+            memory_method="llama.cpp-buffers",
+            memory_detail=session.memory.model_dump(),
+            repeats=repeats,
+            warmup=warmup,
+            threads=threads,
+            device="cpu (llama.cpp)",
+        )
+        for sample, session in zip(samples, sessions, strict=True)
+    ]
+
+
+def measure_models_llamacpp(
+    models: Sequence[torch.nn.Module],
+    workloads: Sequence[Workload],
+    dtype: str,
+    threads: int = 1,
+    reference: torch.nn.Module | None = None,
+    **kwargs,
+) -> list[list[Measurement]]:
+    """``measure_gguf_grid`` of PyTorch models, written as GGUF of ``dtype`` first."""
+    with tempfile.TemporaryDirectory(prefix="ac-llamacpp-") as tmp:
+        directory = Path(tmp)
+        paths = [write_timing_gguf(m, directory, f"m{i}", dtype) for i, m in enumerate(models)]
+        ref_path = write_timing_gguf(reference, directory, "reference", dtype) \
+            if reference is not None else None
+        params = sum(p.numel() for p in reference.parameters()) if reference is not None else 0
+        return measure_gguf_grid(paths, workloads, threads=threads, reference=ref_path,
+                                 reference_params=params, **kwargs)
+
+
+def measure_gguf_as_fitted(path: str | Path, workload: Workload, cost_model, repeats: int = 5,
+                           warmup: int = 1, seed: int = 0, threads: int | None = None):
+    """``measure.measure_as_fitted`` for a GGUF file in llama.cpp: the fit's thread
+    count and statistic, paired with the fit's reference (written as GGUF of the
+    target's type) and scaled by the fit's reference times. Returns
+    (Measurement, statistic name)."""
+    from autocompress.costmodel.measure import timing_reference
+
+    fit = cost_model.fit
+    target = cost_model.target
+    threads = threads or (fit.threads if fit is not None else target.threads)
+    paired = fit is not None and fit.timing == "paired" and fit.reference_spec
+    with tempfile.TemporaryDirectory(prefix="ac-llamacpp-") as tmp:
+        reference = write_timing_gguf(timing_reference(fit.reference_spec), Path(tmp),
+                                      "reference", target.dtype) if paired else None
+        measurement = measure_gguf_grid([Path(path)], [workload], threads=threads,
+                                        repeats=repeats, warmup=warmup, seed=seed,
+                                        progress=False, reference=reference)[0][0]
+    scale = fit.reference_scale(workload) if paired else None
+    if scale is not None:
+        measurement = measurement.with_scale(scale, source="fit")
+    return measurement, (fit.statistic if fit is not None else "median")
