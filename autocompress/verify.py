@@ -210,6 +210,9 @@ def _measure_in_llamacpp(model_dir, target, workload, cost_model, repeats, warmu
         return measure_gguf_as_fitted(path, workload, cost_model, repeats=repeats,
                                       warmup=warmup, seed=seed, threads=threads)
 
+    if Path(model_dir).is_dir() and (Path(model_dir) / "model.gguf").is_file() \
+            and not (Path(model_dir) / "config.json").is_file():
+        model_dir = Path(model_dir) / "model.gguf"  # an exported GGUF directory
     if Path(model_dir).suffix == ".gguf":
         spec, dtype = read_gguf_spec(model_dir)
         if dtype != target.dtype:

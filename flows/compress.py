@@ -37,6 +37,7 @@ from flows.common import (
 from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
 from tasks.data import prepare_corpus
 from tasks.distill import distill_model
+from tasks.engine import export_for_engine
 from tasks.evaluation import evaluate_model
 from tasks.prune import prune_model, score_importance
 from tasks.registry import register_model
@@ -101,6 +102,29 @@ def steps_for(method: str) -> list[Step]:
 
 REGISTER_STEP = Step("registered", register_model, name="register_as", model="model",
                      lineage="lineage")
+
+# Engine targets (cpu-local/llama.cpp/*) serve an exported file: it is exported after
+# distillation, and that file is what is verified in the engine and registered.
+ENGINES_SERVING_FILES = ("llama.cpp",)
+ENGINE_EXPORT_STEP = Step("engine_model", export_for_engine, model="model", target="target")
+
+
+def steps_for_target(target: str, pipeline: list[Step]) -> tuple[list[Step], Step, list[str]]:
+    """(compress steps, register step, lineage chain) of ``pipeline`` for ``target``."""
+    engine = target.split("/")[1] if target.count("/") >= 1 else ""
+    if engine not in ENGINES_SERVING_FILES:
+        return pipeline, REGISTER_STEP, CHAIN
+    steps = []
+    for step in pipeline:
+        if step.name == "verification":
+            steps += [ENGINE_EXPORT_STEP,
+                      Step("verification", verify_model, model="engine_model", **VERIFY)]
+        else:
+            steps.append(step)
+    register = Step("registered", register_model, name="register_as", model="engine_model",
+                    lineage="lineage")
+    chain = [*CHAIN[:CHAIN.index("verification")], "engine_model", "verification"]
+    return steps, register, chain
 
 # Stages that take an ``options`` dict from the flow's ``options[<name>]``.
 STAGE_OPTIONS = ("costmodel", "validation", "importance", "search", "distill", "verify")
@@ -226,6 +250,7 @@ def compress(
             # options["<stage>"] reaches that stage as its `options` input.
             **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS},
         }
+        steps, register_step, chain = steps_for_target(target, steps)
         run_steps(steps, values, run, report, placement)
         if baseline:
             run_steps(BASELINE_STEPS, values, run, report, placement)
@@ -235,10 +260,10 @@ def compress(
                                 f"(see {verification.uri}); not registered")
         elif register_as:
             values["register_as"] = register_as
-            values["lineage"] = build_lineage(values, params, run.flow_run_id, CHAIN)
+            values["lineage"] = build_lineage(values, params, run.flow_run_id, chain)
             values["lineage"].trigger_event = trigger_event
-            run_steps([REGISTER_STEP], values, run, report)
+            run_steps([register_step], values, run, report)
         report.outputs = {step.name: values[step.name]
-                          for step in [*COMPRESS_STEPS, *BASELINE_STEPS, REGISTER_STEP]
+                          for step in [*steps, *BASELINE_STEPS, register_step]
                           if step.name in values}
         return finish_report(report, run, started)
