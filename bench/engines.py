@@ -29,7 +29,7 @@ from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 from autocompress.costmodel import CostModel, Target, get_workload
 from autocompress.costmodel.fit import measure_on_target
 from autocompress.costmodel.measure import timing_reference
-from autocompress.costmodel.space import default_base_config
+from autocompress.costmodel.probes import default_base_config
 from autocompress.modeling import arch_spec_of, build_model
 
 ENGINES = ("cpu-local/hf-eager/fp32", "cpu-local/llama.cpp/f32", "cpu-local/llama.cpp/q8_0")

@@ -19,13 +19,19 @@ alternating prefills into emptied caches, then decode steps in lockstep, the
 order flipped every round; the result is ratio × the reference's pooled
 10th-percentile time (``measure._Samples``).
 
-One difference: a run is reduced to its *floor* before the ratio is taken (the
-fastest of its prefills, the 10th percentile of its decode steps). The engine
-does the same work every step, so other jobs on a shared CPU only ever add
-time; on this machine, under a load of 15 on 2 cores, the median step of a run
-jumped by 2× between runs and the ratios of medians had an IQR of 30-180 %
-(``local-coding-cpu``, ``datacenter-cpu``), where interactive runs, short enough
-to fall between preemptions, stayed within 2-9 %.
+Two differences, both because the engine does the same work every step while
+other jobs on a shared CPU only ever add time:
+
+- **Clock.** With one thread (the default) llama.cpp computes on the calling
+  thread, so a step is timed by that thread's CPU time (``time.thread_time``),
+  which does not count the time the scheduler gives to other processes. Under a
+  load of 16 on 2 cores, the teacher's 128-token prefill took 253-340 ms of wall
+  time and 32.6-35.0 ms of CPU time; its decode steps, short enough to run
+  between preemptions, 0.77 ms (wall, 10th percentile) and 0.76 ms (CPU). With
+  more threads the wall clock is used.
+- **Floor.** A run is reduced to its floor before the ratio is taken (its
+  fastest prefill, the 10th percentile of its decode steps); one prefill per
+  model per run (``LLAMACPP_PREFILLS``).
 """
 
 from __future__ import annotations
@@ -41,7 +47,6 @@ import torch
 from rich.progress import Progress
 
 from autocompress.costmodel.measure import (
-    PAIRED_PREFILLS,
     Measurement,
     RunTimes,
     _Samples,
@@ -50,6 +55,7 @@ from autocompress.costmodel.workload import Workload
 from autocompress.hardware import RobustStat
 
 ENGINE_UBATCH = 512  # llama.cpp's default micro-batch
+LLAMACPP_PREFILLS = 1  # per model per paired run: CPU time needs no repeats inside a run
 CONTEXT_ROUNDING = 256  # llama.cpp pads each sequence's context to a multiple of this
 
 
@@ -82,9 +88,15 @@ def _prompts(workload: Workload, vocab: int, seed: int) -> list[list[int]]:
     return rng.integers(0, vocab, size=(workload.batch, workload.isl)).tolist()
 
 
+def clock_for(threads: int):
+    """The step clock: the calling thread's CPU time with one thread, else wall time."""
+    return time.thread_time if threads == 1 else time.perf_counter
+
+
 def run_paired(model, reference, workload: Workload, prompts, reference_prompts,
                reference_first: bool = False) -> RunTimes:
     """Time ``model`` and ``reference`` sessions in lockstep (see ``generate_paired``)."""
+    clock = clock_for(model.threads)
     sessions = [reference, model] if reference_first else [model, reference]
     batches = [s.prepare_prefill(p) for s, p in zip(
         sessions, [reference_prompts, prompts] if reference_first else [prompts,
@@ -93,17 +105,17 @@ def run_paired(model, reference, workload: Workload, prompts, reference_prompts,
     lengths = [workload.isl] * workload.batch
     times = [{"prefill": [], "step": []} for _ in sessions]
     tokens: list[list[int]] = [[], []]
-    for _ in range(PAIRED_PREFILLS):
+    for _ in range(LLAMACPP_PREFILLS):
         for i, (session, batch) in enumerate(zip(sessions, batches, strict=True)):
             session.clear()
-            start = time.perf_counter()
+            start = clock()
             tokens[i] = session.prefill(batch, lengths)
-            times[i]["prefill"].append(time.perf_counter() - start)
+            times[i]["prefill"].append(clock() - start)
     for _ in range(workload.decode_steps):
         for i, session in enumerate(sessions):
-            start = time.perf_counter()
+            start = clock()
             tokens[i] = session.decode(tokens[i])
-            times[i]["step"].append(time.perf_counter() - start)
+            times[i]["step"].append(clock() - start)
     mine, theirs = (times[1], times[0]) if reference_first else (times[0], times[1])
     return _floor(RunTimes(prefills=mine["prefill"], reference_prefills=theirs["prefill"],
                            steps=mine["step"], reference_steps=theirs["step"]))
@@ -122,16 +134,17 @@ def _floor(run: RunTimes) -> RunTimes:
 
 def run_once(session, workload: Workload, prompts) -> RunTimes:
     """One unpaired run: a prefill and ``osl − 1`` decode steps."""
+    clock = clock_for(session.threads)
     batch = session.prepare_prefill(prompts)
     session.clear()
-    start = time.perf_counter()
+    start = clock()
     tokens = session.prefill(batch, [workload.isl] * workload.batch)
-    prefill = time.perf_counter() - start
+    prefill = clock() - start
     steps = []
     for _ in range(workload.decode_steps):
-        start = time.perf_counter()
+        start = clock()
         tokens = session.decode(tokens)
-        steps.append(time.perf_counter() - start)
+        steps.append(clock() - start)
     return _floor(RunTimes(prefills=[prefill], reference_prefills=[], steps=steps,
                            reference_steps=[]))
 
