@@ -324,8 +324,10 @@ def export_nemotron_nas(
     of them cannot compute the model exactly.
     """
     from autocompress.modeling import arch_spec_of, load_causal_lm
+    from autocompress.paths import resolve_model_dir
 
     out_dir = check_out_dir(out_dir, overwrite)
+    model_dir = resolve_model_dir(model_dir)  # a named teacher's files (tokenizer) too
     model, _ = load_causal_lm(model_dir, with_tokenizer=False)
     facts = ModelFacts.of(model, model_dir)
     plan = plan_for(facts, engines)

@@ -83,7 +83,7 @@ def test_every_stage_runs_on_a_smollm2_shaped_model(teacher_dir, tiny_corpus, tm
     assert 0 <= result["tasks"]["indent"]["score"] <= 1 and result["bits_per_byte"] > 0
     # GQA 3 with one global head count exports; a student whose layers differ in query
     # heads is refused in one line (nemotron-nas has one global count).
-    _cli("export", "--model", teacher_dir, "--ffn-format", "intermediate_size", "--out",
+    _cli("export", "--model", teacher_dir, "--engine", "vllm", "--out",
          tmp_path / "served")
     blocks = json.loads((tmp_path / "served" / "config.json").read_text())["block_configs"]
     assert [b["attention"]["n_heads_in_group"] for b in blocks] == [3] * 4

@@ -66,6 +66,6 @@ def export_command(
     console.print(f"wrote {report.out_dir} ({report.format}, {report.num_params:,} parameters)")
     console.print(f"loads exactly in: {', '.join(report.engines)}")
     for key, where in report.stand_ins.items():
-        console.print(f"stand-in [{key}]: {where}")
-    for name, lines in report.refused.items():
-        console.print(f"[yellow]not for {name}:[/yellow] {lines[0]}")
+        console.print(f"stand-in {key}: {where}", markup=False)
+    for lines in report.refused.values():
+        console.print(f"not for {lines[0]}", markup=False)
