@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+
+from autocompress.atomic import atomic_path, write_json_atomic
 
 FORMAT_VERSION = 1
 SHARD_STEPS = 8
@@ -77,7 +78,7 @@ class TeacherOutputs:
         self.dir.mkdir(parents=True, exist_ok=True)
         manifest = self.dir / "key.json"
         if not manifest.exists():
-            _write_atomic_text(manifest, json.dumps(self.key, indent=1, sort_keys=True))
+            write_json_atomic(manifest, self.key, indent=1, sort_keys=True)
         n_shards = -(-steps // SHARD_STEPS)
         for shard in range(n_shards):
             if self._valid(shard):
@@ -87,10 +88,8 @@ class TeacherOutputs:
             parts = [self._teacher_step(teacher, self.batch_fn(step), device)
                      for step in range(first, first + SHARD_STEPS)]
             tensors = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
-            path = self._path(shard)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            save_file(tensors, str(tmp), metadata={"digest": self.digest})
-            os.replace(tmp, path)
+            with atomic_path(self._path(shard)) as tmp:
+                save_file(tensors, str(tmp), metadata={"digest": self.digest})
             self.built_steps += SHARD_STEPS
             self.build_seconds += time.perf_counter() - started
             if progress:
@@ -154,8 +153,3 @@ def cached_kd_loss(student_logits: torch.Tensor, values: torch.Tensor, indices: 
                        torch.zeros_like(log_p_tail))
     return (top + rest).mean() * (t * t)
 
-
-def _write_atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -20,14 +20,13 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from autocompress.atomic import publishing_dir
 from autocompress.errors import AutoCompressError
 
 # Bump when the built directory changes for the same GGUF (new files, fixes).
@@ -292,13 +291,8 @@ def build_smollm2(gguf: Path | None = None) -> Path:
     with _lock(out.parent / ".build.lock"):
         if (out / "provenance.json").exists():  # another process built it meanwhile
             return out
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        try:
+        with publishing_dir(out, overwrite=True) as tmp:  # ours: a cache of the GGUF
             build_from_gguf(gguf, tmp, sha256=sha)
-            tmp.chmod(0o755)  # mkdtemp makes it private; the model is not
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autocompress.atomic import write_json_atomic
+
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -233,10 +235,7 @@ def main() -> None:
         print(f"== {part}")
         results[part] = {**PARTS[part](args), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                      time.gmtime())}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
-        os.replace(tmp, args.out)
+        write_json_atomic(args.out, results, indent=1)
     print(f"wrote {args.out}")
 
 
