@@ -342,8 +342,9 @@ def build_from_gguf(gguf: Path, out: Path, sha256: str | None = None) -> dict[st
     _drop_load_flags(out / "tokenizer_config.json")
     provenance = _provenance(gguf, header, sha256 or file_sha256(gguf),
                              sum(p.numel() for p in model.parameters()))
-    (out / "provenance.json").write_text(json.dumps(provenance, indent=1))
+    # Written last: its presence is what marks a built directory as complete.
     (out / "README.md").write_text(model_card(provenance, recorded_scores("smollm2-135m")))
+    (out / "provenance.json").write_text(json.dumps(provenance, indent=1))
     return provenance
 
 
