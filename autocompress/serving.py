@@ -161,10 +161,17 @@ def prefect_server_argv(port: int) -> list[str]:
             "--port", str(port), "--analytics-off", "--log-level", "WARNING"]
 
 
-def mlflow_server_argv(port: int, backend_uri: str, artifacts: str) -> list[str]:
-    return [venv_program("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+def start_mlflow_server(stack: Stack, port: int, backend_uri: str, artifacts: str,
+                        env: dict[str, str], log: Path) -> Service:
+    """``mlflow server`` on 127.0.0.1:``port`` (one web worker, artifacts proxied)."""
+    argv = [venv_program("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
             "--workers", "1", "--backend-store-uri", backend_uri,
             "--artifacts-destination", artifacts]
+    # Its job runner (8 more processes) serves GenAI features AutoCompress does not
+    # use: off unless the environment turns it on.
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+           **env}
+    return stack.start("mlflow server", argv, env, log, url=f"http://127.0.0.1:{port}")
 
 
 def worker_argv(pool: str, name: str) -> list[str]:

@@ -12,13 +12,9 @@ import json
 import logging
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 # Telemetry off and a private PREFECT_HOME before Prefect is imported.
@@ -32,6 +28,7 @@ from prefect import flow  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from autocompress.artifacts import ArtifactRef, Store  # noqa: E402
+from autocompress.serving import free_port  # noqa: E402
 from autocompress.tracking import Lineage, get_tracker  # noqa: E402
 from flows.common import (  # noqa: E402
     FlowReport,
@@ -140,12 +137,6 @@ def demo_flow(seed: int = 0, experiment: str = "test", with_flaky: bool = False,
 
 
 # ---------------------------------------------------------------- fixtures
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -314,37 +305,19 @@ def test_s3_artifacts_results_and_mlflow_artifact_uris(env, moto_endpoint, monke
 
 @pytest.fixture
 def mlflow_server(env, mlflow_db_template):
-    port = free_port()
+    from autocompress.serving import Stack, start_mlflow_server, wait_http
+
     db = env / "server.db"
     shutil.copy(mlflow_db_template, db)
-    log = open(env / "mlflow-server.log", "w")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{db}",
-         "--artifacts-destination", str(env / "mlartifacts")],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true",
-             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # 8 idle processes fewer
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300  # slow on a loaded 2-core machine
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/health", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                raise RuntimeError((env / "mlflow-server.log").read_text()[-2000:]) from None
-            time.sleep(0.5)
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn worker
+    stack = Stack()
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    log.close()
+        server = start_mlflow_server(stack, free_port(), f"sqlite:///{db}",
+                                     str(env / "mlartifacts"), dict(os.environ),
+                                     env / "mlflow-server.log")
+        wait_http(server, "/health", timeout=300)  # slow on a loaded 2-core machine
+        yield server.url
+    finally:
+        stack.stop()  # the server's process group: it and its uvicorn worker
 
 
 def test_registry_lineage_through_an_mlflow_server(env, mlflow_server, monkeypatch):

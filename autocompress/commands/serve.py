@@ -26,8 +26,8 @@ from autocompress.errors import AutoCompressError
 from autocompress.serving import (
     Stack,
     free_port,
-    mlflow_server_argv,
     prefect_server_argv,
+    start_mlflow_server,
     venv_program,
     wait_http,
     worker_argv,
@@ -158,12 +158,8 @@ def start_servers(stack: Stack, root: Path, port: int, mlflow_port: int) -> dict
         store = env["AUTOCOMPRESS_STORE"]
         artifacts = f"{store.rstrip('/')}/mlflow" if store.startswith("s3://") \
             else str(root / "mlartifacts")
-        # MLflow's job runner (8 more processes) serves GenAI features AutoCompress
-        # does not use: off, unless the user turned it on.
-        mlflow_env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **env}
-        mlflow = stack.start("mlflow server", mlflow_server_argv(
-            mlflow_port, f"sqlite:///{root / 'mlflow.db'}", artifacts), mlflow_env,
-            root / "logs" / "mlflow.log", url=mlflow_url)
+        mlflow = start_mlflow_server(stack, mlflow_port, f"sqlite:///{root / 'mlflow.db'}",
+                                     artifacts, env, root / "logs" / "mlflow.log")
     wait_http(prefect, "/api/health")
     if mlflow is not None:
         wait_http(mlflow, "/health")
