@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
-from autocompress import distributed
+from autocompress import distributed, paths
 from autocompress.atomic import check_out_dir, publishing_dir, remove_path, write_json_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.losses import kd_loss
@@ -156,7 +156,7 @@ class DistillResult(BaseModel):
     seconds: float
     world_size: int
     bf16: bool = False
-    bf16_probe: dict[str, float] = {}
+    bf16_probe: dict[str, float | str] = {}
     teacher_outputs: dict = {}
     final_loss: float
     teacher_eval: dict[str, float] = {}
@@ -478,14 +478,57 @@ def choose_bf16(module, loss_fn, batch_fn, config: DistillConfig, device, ctx,
     faster), so a few forward/backward passes on ``rows`` sequences of the first
     batch are timed each way, interleaved; bf16 must win by 5%. GPUs use bf16
     where supported; under torchrun, too, the measurement is skipped.
+
+    The decision is measured once per machine and model size and then kept in
+    ``$AUTOCOMPRESS_HOME/precision.json``: a timing taken on a busy machine
+    must not make two runs with the same seed (or a run and its resume after a
+    crash) train in different precisions.
     """
     if not config.bf16:
         return False, {}
     if device.type == "cuda" or ctx.enabled:
         return (device.type != "cuda" or torch.cuda.is_bf16_supported()), {}
+    key = _precision_key(module)
+    known = _precision_record().get(key)
+    if known is not None:
+        return bool(known["bf16"]), {**known["probe"], "decided": "earlier on this machine"}
+    probe = _time_precisions(module, loss_fn, batch_fn, rows, repeats)
+    use_bf16 = probe["bf16_s"] < 0.95 * probe["fp32_s"]
+    record = {**_precision_record(), key: {"bf16": use_bf16, "probe": probe}}
+    write_json_atomic(paths.home() / "precision.json", record, sort_keys=True)
+    return use_bf16, {**probe, "decided": "measured now"}
+
+
+def _precision_key(module) -> str:
+    """This CPU and torch build, and the model's size to a factor of two."""
+    import platform
+
+    flags = ""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "")
+        flags = ",".join(f for f in line.split() if "bf16" in f or "amx" in f or f == "avx512f")
+    except OSError:
+        pass
+    params = sum(p.numel() for p in module.parameters())
+    return (f"{platform.machine()}|{flags or 'no-avx512-bf16'}|torch {torch.__version__}"
+            f"|threads {torch.get_num_threads()}|params 2^{max(params, 1).bit_length()}")
+
+
+def _precision_record() -> dict:
+    path = paths.home() / "precision.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _time_precisions(module, loss_fn, batch_fn, rows: int, repeats: int) -> dict[str, float]:
     import time
 
     seconds = {"fp32": [], "bf16": []}
+    device = next(module.parameters()).device
     for _ in range(repeats + 1):  # the first round warms up
         for mode in ("fp32", "bf16"):
             sample = batch_fn(0)[:rows].to(device)  # (re)sets a cached loss to step 0
@@ -495,8 +538,7 @@ def choose_bf16(module, loss_fn, batch_fn, config: DistillConfig, device, ctx,
             loss.backward()
             seconds[mode].append(time.perf_counter() - started)
     module.zero_grad(set_to_none=True)
-    probe = {f"{mode}_s": min(times[1:]) for mode, times in seconds.items()}
-    return probe["bf16_s"] < 0.95 * probe["fp32_s"], probe
+    return {f"{mode}_s": min(times[1:]) for mode, times in seconds.items()}
 
 
 def _finished_run(out_dir: Path, work_dir: Path, config: DistillConfig) -> DistillResult | None:

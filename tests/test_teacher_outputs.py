@@ -85,6 +85,12 @@ def test_bf16_is_chosen_by_timing_both(tmp_path):
     probe = result.bf16_probe
     assert probe["fp32_s"] > 0 and probe["bf16_s"] > 0
     assert result.bf16 == (probe["bf16_s"] < 0.95 * probe["fp32_s"])
+    # Measured once per machine and model size: a second run (or a resume) keeps the choice
+    # even if the machine's load would now time it the other way.
+    again = distill(tiny_llama(4, 64, 0), tiny_llama(2, 32, 1), tiny_data(),
+                    config(tokens=8 * SEQ * 2, bf16=True), tmp_path / "c",
+                    outputs_dir=tmp_path / "cache")
+    assert again.bf16 == result.bf16 and again.bf16_probe["decided"] == "earlier on this machine"
     off = distill(tiny_llama(4, 64, 0), tiny_llama(2, 32, 1), tiny_data(),
                   config(tokens=8 * SEQ * 2, bf16=False), tmp_path / "b",
                   outputs_dir=tmp_path / "cache")

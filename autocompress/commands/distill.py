@@ -163,8 +163,8 @@ def _print_distill_summary(result) -> None:
     console.print(table)
     speed = result.tokens_seen / max(result.seconds, 1e-9)
     probe = result.bf16_probe
-    timed = (f" (timed: fp32 {probe['fp32_s']:.3f} s, bf16 {probe['bf16_s']:.3f} s per probe)"
-             if probe else "")
+    timed = (f" (timed {probe.get('decided', '')}: fp32 {probe['fp32_s']:.3f} s, "
+             f"bf16 {probe['bf16_s']:.3f} s per probe)" if probe else "")
     console.print(f"{speed:,.0f} tokens/s in {'bf16' if result.bf16 else 'fp32'}{timed}")
     cache = result.teacher_outputs
     if cache:
