@@ -126,6 +126,16 @@ def test_prune_refuses_a_non_empty_out_and_loses_nothing(tmp_path, monkeypatch, 
     assert sorted(p.name for p in work.iterdir()) == ["notes.txt", "student"]
 
 
+def test_teacher_train_refuses_a_non_empty_out_before_training(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "teacher"
+    out.mkdir()
+    (out / "mine.txt").write_text("mine")
+    code, err = cli(capsys, monkeypatch, "teacher", "train", "--tokens", "2000", "--no-prefect",
+                    "--out", out)
+    assert code == 2 and "not empty" in err and "--overwrite" in err
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
+
+
 # ---------------------------------------------------------------- checkpoints
 
 

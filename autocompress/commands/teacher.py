@@ -62,6 +62,8 @@ def build(name: str = typer.Argument(..., help="A named teacher, e.g. smollm2-13
 def train(
     tokens: int = typer.Option(3_000_000, help="Training token budget."),
     out: Path = typer.Option(None, help="Output model dir (default: the bundled teacher dir)."),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="Replace a non-empty --out (the bundled teacher too)."),
     threads: int = typer.Option(2, help="torch intra-op threads."),
     config: str = typer.Option(None, help="TeacherConfig overrides as JSON, e.g. "
                                '\'{"num_layers": 4, "vocab_size": 2048}\'.'),
@@ -84,7 +86,9 @@ def train(
     from autocompress.teacher import train_teacher
 
     cfg = _teacher_config(config, tokens=tokens, threads=threads)
-    out = out or default_teacher_dir()
+    from autocompress.atomic import check_out_dir
+
+    out = check_out_dir(out or default_teacher_dir(), overwrite)
     if no_prefect:
         train_teacher(out, cfg, home() / "teacher-work", corpus_dir=corpus)
     else:
