@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 from autocompress import distributed, paths
 from autocompress.atomic import check_out_dir, publishing_dir, remove_path, write_json_atomic
 from autocompress.errors import AutoCompressError
+from autocompress.hardware import machine_summary
 from autocompress.losses import kd_loss
 from autocompress.teacher_outputs import TeacherOutputs, cached_kd_loss, model_digest, tensor_digest
 from autocompress.training import TrainConfig, TrainState, latest_checkpoint, train
@@ -489,30 +490,23 @@ def choose_bf16(module, loss_fn, batch_fn, config: DistillConfig, device, ctx,
     if device.type == "cuda" or ctx.enabled:
         return (device.type != "cuda" or torch.cuda.is_bf16_supported()), {}
     key = _precision_key(module)
-    known = _precision_record().get(key)
-    if known is not None:
-        return bool(known["bf16"]), {**known["probe"], "decided": "earlier on this machine"}
-    probe = _time_precisions(module, loss_fn, batch_fn, rows, repeats)
+    record = _precision_record()
+    if key in record:
+        return bool(record[key]["bf16"]), {**record[key]["probe"],
+                                           "decided": "earlier on this machine"}
+    probe = _time_precisions(module, loss_fn, batch_fn, device, rows, repeats)
     use_bf16 = probe["bf16_s"] < 0.95 * probe["fp32_s"]
-    record = {**_precision_record(), key: {"bf16": use_bf16, "probe": probe}}
+    record[key] = {"bf16": use_bf16, "probe": probe}
     write_json_atomic(paths.home() / "precision.json", record, sort_keys=True)
     return use_bf16, {**probe, "decided": "measured now"}
 
 
 def _precision_key(module) -> str:
-    """This CPU and torch build, and the model's size to a factor of two."""
-    import platform
-
-    flags = ""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "")
-        flags = ",".join(f for f in line.split() if "bf16" in f or "amx" in f or f == "avx512f")
-    except OSError:
-        pass
+    """This CPU, torch build and thread count, and the model's size to a factor of two."""
+    machine = machine_summary()
     params = sum(p.numel() for p in module.parameters())
-    return (f"{platform.machine()}|{flags or 'no-avx512-bf16'}|torch {torch.__version__}"
-            f"|threads {torch.get_num_threads()}|params 2^{max(params, 1).bit_length()}")
+    return (f"{machine['cpu']}|{machine['cpu_capability']}|torch {machine['torch']}"
+            f"|threads {machine['torch_threads']}|params 2^{max(params, 1).bit_length()}")
 
 
 def _precision_record() -> dict:
@@ -524,11 +518,11 @@ def _precision_record() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _time_precisions(module, loss_fn, batch_fn, rows: int, repeats: int) -> dict[str, float]:
+def _time_precisions(module, loss_fn, batch_fn, device, rows: int,
+                     repeats: int) -> dict[str, float]:
     import time
 
     seconds = {"fp32": [], "bf16": []}
-    device = next(module.parameters()).device
     for _ in range(repeats + 1):  # the first round warms up
         for mode in ("fp32", "bf16"):
             sample = batch_fn(0)[:rows].to(device)  # (re)sets a cached loss to step 0

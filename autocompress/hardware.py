@@ -255,6 +255,15 @@ def detect_cpu(threads: int | None = None) -> CPUInfo:
     )
 
 
+def machine_summary() -> dict[str, object]:
+    """What a benchmark or a per-machine decision records: CPU model, the kernels torch
+    picks on it, cores, torch threads and the load average (machines here differ)."""
+    cpu = detect_cpu()
+    return {"cpu": cpu.model, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cores": cpu.usable_cores, "torch_threads": cpu.torch_threads,
+            "torch": torch.__version__, "loadavg_1_5_15": list(os.getloadavg())}
+
+
 def detect_gpus() -> tuple[list[GPUInfo], str | None, str | None]:
     """NVIDIA GPUs via NVML: ``(gpus, driver_version, error)``; no driver is not a failure."""
     try:

@@ -30,6 +30,7 @@ from autocompress.costmodel import CostModel, Target, get_workload
 from autocompress.costmodel.fit import measure_on_target
 from autocompress.costmodel.measure import timing_reference
 from autocompress.costmodel.probes import default_base_config
+from autocompress.hardware import machine_summary
 from autocompress.modeling import arch_spec_of, build_model
 
 ENGINES = ("cpu-local/hf-eager/fp32", "cpu-local/llama.cpp/f32", "cpu-local/llama.cpp/q8_0")
@@ -157,7 +158,7 @@ def main() -> None:
     results["meta"] = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
                        "seconds": time.perf_counter() - started, "repeats": args.repeats,
                        "threads": 1, "loadavg_before": load_before,
-                       "loadavg_after": os.getloadavg()}
+                       "loadavg_after": os.getloadavg(), "machine": machine_summary()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2) + "\n")
     plot(results, args.plot)

@@ -43,11 +43,9 @@ def _load() -> str:
 
 
 def _machine() -> dict[str, Any]:
-    import torch
+    from autocompress.hardware import machine_summary
 
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": torch.get_num_threads(), "cores": os.cpu_count(),
-            "loadavg_1_5_15": _load()}
+    return machine_summary()
 
 
 # ------------------------------------------------------------------ scores
