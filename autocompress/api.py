@@ -26,7 +26,6 @@ from autocompress.arch import ArchSpec
 from autocompress.costmodel.model import CostModel
 from autocompress.costmodel.workload import Workload
 from autocompress.distill import DEFAULT_TOKENS, DistillConfig, DistillResult
-from autocompress.errors import AutoCompressError
 from autocompress.evaluation.suite import EvalConfig
 from autocompress.limits import Limits
 from autocompress.search.run import SearchConfig, SearchContext
@@ -34,7 +33,7 @@ from autocompress.verify import VerifyReport
 
 # What a teacher may be: a model directory, ``default``, or an in-memory (model, tokenizer).
 TeacherLike = str | Path | tuple[Any, Any]
-Method = Literal["autocompress", "minitron"]
+Method = Literal["autocompress", "greedy", "random", "minitron"]
 
 
 class SearchResult(BaseModel):
@@ -106,8 +105,9 @@ def search(
         config: a ``SearchConfig``; None: the defaults.
         budget_fraction: add a limit at this fraction of the teacher's predicted cost on
             the workload's main metric (e.g. 0.6).
-        method: ``autocompress`` (DNAS + exact repair) or ``minitron`` (the homogeneous
-            baseline matched to the same limits).
+        method: ``autocompress`` (DNAS + exact repair), ``greedy`` (repair from the
+            teacher, no DNAS), ``random`` (random search) or ``minitron`` (the fair
+            homogeneous baseline matched to the same limits).
         corpus: corpus directory (default: the standard corpus, built on first use).
         cost_model: default: the target's saved fit, else the analytic model.
     """
@@ -173,16 +173,10 @@ def _context(teacher: TeacherLike, target: str, workload: str | Workload,
 
 def _search(ctx: SearchContext, limits: Limits | None, budget_fraction: float | None,
             method: Method, config: SearchConfig, progress: bool) -> SearchResult:
-    from autocompress.search.run import run_minitron, run_search
+    from autocompress.search.run import run_method
 
     limits = ctx.resolve_limits(limits, budget_fraction)
-    if method == "autocompress":
-        outcome = run_search(ctx, limits, config, progress=progress)
-    elif method == "minitron":
-        outcome = run_minitron(ctx, limits=limits, config=config)
-    else:
-        raise AutoCompressError(f"unknown search method {method!r}",
-                                hint="use autocompress or minitron")
+    outcome = run_method(ctx, method, limits, config, progress=progress)
     report = outcome.report(ctx)
     return SearchResult(
         method=method, arch=outcome.spec, limits=limits,

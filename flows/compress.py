@@ -41,7 +41,7 @@ from tasks.engine import export_for_engine
 from tasks.evaluation import evaluate_model
 from tasks.prune import prune_model, score_importance
 from tasks.registry import register_model
-from tasks.search import minitron_arch, resolve_limits, search_arch
+from tasks.search import ablation_arch, minitron_arch, resolve_limits, search_arch
 from tasks.teacher import publish_teacher
 from tasks.verify import verify_model
 
@@ -87,7 +87,16 @@ BASELINE_STEPS: list[Step] = [
     Step("baseline_verification", verify_model, model="baseline_model", **VERIFY),
 ]
 
-METHODS = ("autocompress", "minitron")
+# How the main branch finds its architecture (``autocompress.search.run.METHODS``): the
+# search; its ablations greedy (repair from the teacher, no DNAS) and random (random
+# search, as many scored architectures as the search); the fair Minitron baseline.
+METHODS = ("autocompress", "greedy", "random", "minitron")
+ARCH_STEPS = {
+    "minitron": Step("arch", minitron_arch, **SEARCH_INPUTS),
+    "greedy": Step("arch", ablation_arch, validation="validation", method="method",
+                   **SEARCH_INPUTS),
+}
+ARCH_STEPS["random"] = ARCH_STEPS["greedy"]
 
 
 def steps_for(method: str) -> list[Step]:
@@ -96,8 +105,21 @@ def steps_for(method: str) -> list[Step]:
         raise AutoCompressError(f"unknown method {method!r}", f"use one of {', '.join(METHODS)}")
     if method == "autocompress":
         return COMPRESS_STEPS
-    return [Step("arch", minitron_arch, **SEARCH_INPUTS) if step.name == "arch" else step
-            for step in COMPRESS_STEPS]
+    return [ARCH_STEPS[method] if step.name == "arch" else step for step in COMPRESS_STEPS]
+
+
+def seeded(options: dict[str, dict[str, Any]] | None, seed: int | None
+           ) -> dict[str, dict[str, Any]]:
+    """``options`` with ``seed`` as the search seed (``search.dnas.seed``: DNAS, random
+    draws, score batches, Minitron's short distillations) and the distillation seed,
+    where the options do not set them already."""
+    options = {name: dict(value) for name, value in (options or {}).items()}
+    if seed is None:
+        return options
+    search = options.setdefault("search", {})
+    search["dnas"] = {"seed": seed, **dict(search.get("dnas") or {})}
+    options["distill"] = {"seed": seed, **options.get("distill", {})}
+    return options
 
 
 REGISTER_STEP = Step("registered", register_model, name="register_as", model="model",
@@ -186,6 +208,7 @@ def compress(
     budget_fraction: float | None = None,
     baseline: bool = False,
     method: str = "autocompress",
+    seed: int | None = None,
     eval_tasks: str | None = None,
     eval_limit: int | None = None,
     eval_config: dict[str, Any] | None = None,
@@ -209,9 +232,12 @@ def compress(
         budget_fraction: add a limit at this fraction of the teacher's predicted
             cost on the workload's main metric (e.g. 0.6), on top of ``limits``.
         baseline: also run the Minitron baseline branch for a side-by-side table.
-        method: how the architecture is found: ``autocompress`` (the search) or
-            ``minitron`` (the matched baseline alone in the main branch; bench compare
-            runs each method as its own flow run).
+        method: how the architecture is found (``METHODS``): ``autocompress`` (the
+            search), ``greedy`` / ``random`` (its ablations) or ``minitron`` (the fair
+            homogeneous baseline) in the main branch; bench compare runs each method
+            as its own flow run.
+        seed: the search seed and the distillation seed (``options`` that set
+            ``search.dnas.seed`` or ``distill.seed`` win); None: the options' own.
         eval_tasks / eval_limit / eval_config: the benchmark suite and its size.
         options: per-stage settings, ``{stage name: {setting: value}}``.
         register_as: registry name for the compressed model (None: don't register).
@@ -233,9 +259,11 @@ def compress(
         raise AutoCompressError("no limit to compress for",
                                 "give a limit (e.g. --max-tpot-ms 3) or --budget-fraction 0.6")
     steps = steps_for(method)
+    options = seeded(options, seed)
     params = {"teacher": teacher, "target": target, "workload": workload,
               "limits": limits.model_dump(exclude_none=True),
               "budget_fraction": budget_fraction, "baseline": baseline, "method": method,
+              "seed": seed,
               "eval_tasks": eval_tasks, "eval_limit": eval_limit, "options": options or {}}
     tags = {"autocompress.trigger_event": trigger_event} if trigger_event else None
     with tracked_flow("compress", params, experiment, store, track, tags=tags) as run:

@@ -1,9 +1,11 @@
-"""Search stages (boxes 5–6 of ``flows/compress.py``): DNAS + discretize/repair, Minitron pick.
+"""Search stages (boxes 5–6 of ``flows/compress.py``): DNAS + discretize/repair, the Minitron
+pick, and the ablations (greedy repair from the teacher, random search).
 
-Both run on the same ``SearchContext`` (teacher, importance, calibration data,
-cost model of the target), so the baseline is matched to the same hardware
-budget with the same importance. The output is a directory with ``arch.json``
-(the ArchSpec) and the library's report (+ trajectory JSON/PNG for the search).
+All run on the same ``SearchContext`` (teacher, importance, calibration data,
+cost model of the target), so the baseline and the ablations are matched to the
+same hardware budget with the same importance. The output is a directory with
+``arch.json`` (the ArchSpec) and the library's report ``arch.search.json`` (+
+trajectory JSON/PNG for the search).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def _arch_metrics(report: dict) -> dict[str, float]:
         if report.get(key) is not None:
             metrics[key] = float(report[key])
     metrics["meets_limits"] = float(bool(report.get("meets_limits")))
+    if report.get("scored_candidates") is not None:
+        metrics["scored_candidates"] = float(report["scored_candidates"])
     return metrics
 
 
@@ -62,6 +66,24 @@ def search_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
         ctx.log_file(png)
     return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
                        meta={"method": "autocompress-dnas"})
+
+
+@stage("ablation", retries=1)
+def ablation_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
+                  importance: ArtifactRef, costmodel: ArtifactRef, validation: ArtifactRef,
+                  target: str, workload: str, limits: Limits, method: str,
+                  options: dict | None = None) -> ArtifactRef:
+    """An ablation of the search (``greedy`` or ``random``, ``search.ablations``) under the
+    same cost model, limits, scores and measured loop; behind the validation gate."""
+    from autocompress.search.run import method_to_file
+
+    search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
+                                  workload, options)
+    out_dir = ctx.scratch() / "arch"
+    out_dir.mkdir()
+    report = method_to_file(search_ctx, method, limits, out_dir / "arch.json", config)
+    return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
+                       meta={"method": method})
 
 
 @stage("minitron", retries=1)

@@ -66,15 +66,17 @@ def test_unreachable_limit_is_a_one_line_error(teacher_dir, tiny_corpus, tmp_pat
 def test_baseline_cli_params_and_matched(teacher_dir, tiny_corpus, tmp_path):
     out = tmp_path / "params.json"
     result = _invoke(["baseline", "minitron", "--teacher", str(teacher_dir), "--params", "60k",
-                      "--data", str(tiny_corpus), "--out", str(out), "--granularity", "8"])
+                      "--data", str(tiny_corpus), "--out", str(out), "--granularity", "8",
+                      "--top-k", "2", "--distill-tokens", "512"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "params.search.json").read_text())
     assert report["params"] <= 60_000 and report["mode"] == "params"
+    assert len(report["scored"]) == 2 and all(c["score"] > 0 for c in report["scored"])
     out = tmp_path / "matched.json"
     result = _invoke(["baseline", "minitron", "--teacher", str(teacher_dir),
                       "--match-target", TARGET, "--workload", "interactive",
                       "--budget-fraction", "0.9", "--data", str(tiny_corpus), "--out", str(out),
-                      "--granularity", "8"])
+                      "--granularity", "8", "--distill-tokens", "0"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "matched.search.json").read_text())
     assert report["meets_limits"] and report["mode"] == "matched"

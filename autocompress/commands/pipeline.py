@@ -53,6 +53,12 @@ def run(
     limits: Limits = NO_LIMITS,
     budget_fraction: float | None = budget_fraction_option(),
     baseline: bool = typer.Option(False, help="Also run the Minitron baseline for comparison."),
+    method: str = typer.Option(
+        "autocompress", help="How the architecture is found: autocompress (the search), greedy "
+        "(repair from the teacher, no DNAS), random (random search, as many scored "
+        "architectures as the search) or minitron (the fair homogeneous baseline)."),
+    seed: int | None = typer.Option(None, help="Search and distillation seed (default: the "
+                                    "options' own, else 0)."),
     eval_tasks: str | None = typer.Option(None, help="Benchmarks (comma list; default: the "
                                           "local code suite)."),
     eval_limit: int | None = typer.Option(None, help="Cap items per benchmark (quick runs)."),
@@ -77,6 +83,10 @@ def run(
     (embedded sqlite under $AUTOCOMPRESS_HOME unless MLFLOW_TRACKING_URI is set).
     """
     started = time.perf_counter()
+    from autocompress.search.run import METHODS
+
+    if method not in METHODS:  # before Prefect starts: one line, exit 2
+        raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
     _prepare_environment()
     if refresh_cache:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
@@ -84,8 +94,8 @@ def run(
 
     report = compress(teacher=teacher, target=target, workload=workload,
                       limits=limits.model_dump(exclude_none=True),
-                      budget_fraction=budget_fraction, baseline=baseline,
-                      eval_tasks=eval_tasks, eval_limit=eval_limit,
+                      budget_fraction=budget_fraction, baseline=baseline, method=method,
+                      seed=seed, eval_tasks=eval_tasks, eval_limit=eval_limit,
                       register_as=None if no_register else register_as, store=store,
                       experiment=experiment, track=not no_track, options=_options(options))
     print_report(report, time.perf_counter() - started)

@@ -185,18 +185,23 @@ def minitron_command(
     data: Path | None = typer.Option(
         None, "--data", help="Corpus directory (calibration split). Default: the stdlib corpus."),
     max_depth_drop: int | None = typer.Option(
-        None, help="Most layers Minitron may drop (0 = width only; default: half of them)."),
+        None, help="Most layers Minitron may drop (0 = width only; default: every layer the "
+        "search may empty, i.e. all but the first and last)."),
     top_k: int = typer.Option(
-        8, help="Candidates closest to the parameter target that are scored by calibration KL."),
+        10, help="Largest candidates within the target that are ranked after a short "
+        "distillation (ModelOpt's top_k)."),
+    distill_tokens: int = typer.Option(
+        32_768, help="Short distillation of each of the top-k before ranking (0 = rank by "
+        "calibration KL right after pruning)."),
     granularity: int = typer.Option(16, help="Hidden sizes and FFN widths are multiples of this."),
 ) -> None:
     """Minitron baseline: homogeneous pruning (same width/heads in every layer, optional depth).
 
     --params N picks, among the homogeneous candidates with at most N parameters, the top-k
-    closest to N and keeps the one with the lowest KL to the teacher on calibration data
-    (the ModelOpt procedure). --match-target T --workload W with limits picks the parameter
-    target so that the homogeneous model just meets the same limits under the cost model: the
-    fair hardware-matched comparison for `autocompress search`.
+    closest to N and keeps the one with the lowest KL to the teacher on calibration data after
+    a short distillation of each. --match-target T --workload W with limits does the same among
+    the candidates that meet the limits, each timed on the target where this machine can time
+    it: the fair hardware-matched comparison for `autocompress search`.
     """
     from autocompress.atomic import check_out_file
     from autocompress.errors import AutoCompressError
@@ -210,13 +215,15 @@ def minitron_command(
     if match_target is not None and workload is None:
         raise AutoCompressError("--match-target needs --workload", hint=WORKLOAD_HELP)
     config = SearchConfig(space=SpaceConfig(granularity=granularity),
-                          minitron=MinitronConfig(max_depth_drop=max_depth_drop, top_k=top_k))
+                          minitron=MinitronConfig(max_depth_drop=max_depth_drop, top_k=top_k,
+                                                  distill_tokens=distill_tokens))
     check_out_file(out)
     ctx = SearchContext.build(teacher, match_target, workload if match_target else None, config,
                               importance=importance, corpus_dir=data)
     if params is not None:
-        report = minitron_to_file(ctx, out, params=_parse_count(params), config=config)
+        report = minitron_to_file(ctx, out, params=_parse_count(params), config=config,
+                                  progress=True)
     else:
         limits = ctx.resolve_limits(limits, budget_fraction)
-        report = minitron_to_file(ctx, out, limits=limits, config=config)
+        report = minitron_to_file(ctx, out, limits=limits, config=config, progress=True)
     _print_result(report, out, f"Minitron ({report['mode']})")

@@ -1,62 +1,105 @@
-"""The Minitron baseline: homogeneous pruning to a parameter budget.
+"""The Minitron baseline: homogeneous pruning, matched fairly to the search.
 
 Minitron (arXiv 2407.14679, 2408.11796) and its NVIDIA ModelOpt implementation
-prune *uniformly*: one hidden size, one attention shape and one FFN width for
-every layer, optionally dropping whole layers (least important by block
-importance, first and last protected). Given a parameter target, ModelOpt
-enumerates such candidates, keeps the ``top_k`` whose parameter counts come
-closest to the target from below, and picks the one a score function (here:
-KL to the teacher on calibration batches, the same data the search uses)
-likes best.
+(``mcore_minitron``) prune *uniformly*: one hidden size, one attention shape and
+one FFN width for every layer, and may drop whole layers (least important by
+block importance). Here is what this module takes from them and what is ours.
 
-- ``minitron_for_params(target)``: that procedure for a parameter count;
-- ``minitron_matched(budgets)``: the *matched* baseline for a hardware
-  comparison. Candidates must meet the same budgets under the same cost model;
-  the parameter target is the largest count any feasible candidate reaches, and
-  the same top-k / score selection runs among the feasible candidates.
+Follows ModelOpt / Minitron:
 
-Candidates are drawn from the search space's own options (same granularity,
-same importance orders), so the baseline and the search differ only in
-*heterogeneity*, not in the menu of sizes. Scoring uses the masked teacher,
-which equals the pruned model (a dropped layer = both blocks no-op).
+- candidates are homogeneous in width (hidden size, query heads, KV heads, FFN
+  width) and may drop the least important layers (block importance, cosine);
+- importance is Minitron's activation importance, the same orders the search's
+  masks use (every candidate is a prefix of one order per axis);
+- among the candidates that meet the constraint, the ``top_k`` largest (ModelOpt
+  sorts its candidates by parameter count; ``top_k`` defaults to ModelOpt's 10)
+  are ranked by a score, and the best is kept;
+- the score is taken after a short distillation of each of them with the same
+  small budget (the Minitron papers pick among candidates after light
+  retraining: the ranking right after pruning is not the one after training);
+  the winner is then distilled fully by the flow's distillation stage.
+
+Ours, so that the comparison with the search is fair:
+
+- **the constraint** is the measured latency/memory limits on the target, not a
+  parameter count (``minitron_matched``; ``minitron_for_params`` keeps the plain
+  ModelOpt form). Candidates come from the search space's own options (same
+  granularity), so the two methods differ only in heterogeneity;
+- **depth freedom and protected layers are the search's**: any number of the
+  layers the space lets the search empty may be dropped (by default every one
+  but the first and last), not half of them;
+- **every candidate that could meet the limit is timed on the target** (random
+  weights, the search's measured harness and guard band: measurement plus its
+  noise within the budget), so none is dropped because *another* candidate
+  missed. "Could meet" = predicted within ``timing_band`` of every timing budget
+  (and within the other budgets). Candidates are timed largest first, which is
+  the order of the selection, and timing stops once ``top_k`` have met the
+  limits: smaller ones cannot enter the top-k, so the pick is the one timing
+  all of them would give (``time_all`` times all). A candidate at least as large
+  as a measured miss on every axis (width, heads, KV heads, FFN, layers kept) is
+  recorded as a miss without being timed (timing is monotone in size; not with
+  ``time_all``);
+- the short distillation's budget, data and seed are the same for every
+  candidate, and it is scored by KL to the teacher on fixed calibration batches
+  that neither the training stream nor the benchmarks use
+  (``autocompress.search.selection``). ``distill_tokens=0`` ranks by that KL
+  without training (ModelOpt's score-only form).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec, LayerSpec
 from autocompress.errors import AutoCompressError
 from autocompress.importance import Importance
-from autocompress.search.discretize import CostTables, choice_kl, feasible, teacher_logits
+from autocompress.search.discretize import CostTables, feasible
+from autocompress.search.measured import TIMING_METRICS
 from autocompress.search.space import Choice, SearchSpace
+
+# measure(spec) -> (metrics, noise); score(candidates) -> one value each, lower is better.
+Measure = Callable[[ArchSpec], tuple[dict[str, float], dict[str, float]]]
+Score = Callable[[list["Candidate"]], list[float]]
 
 
 class MinitronConfig(BaseModel):
-    """How the baseline enumerates and picks homogeneous candidates."""
+    """How the baseline enumerates, times and picks homogeneous candidates."""
 
     model_config = ConfigDict(extra="forbid")
 
-    # Minitron prunes depth as well as width (Llama 3.1 8B: 32 → 16 layers), so by
-    # default the baseline may drop up to half the layers; fewer made tight budgets
-    # unreachable for it where the heterogeneous search still found a model.
     max_depth_drop: int | None = Field(
         default=None, ge=0,
-        description="Most layers that may be dropped (0 = width only; None = half of them).",
+        description="Most layers that may be dropped (0 = width only; None = every layer "
+        "the search space may empty, i.e. all but the protected ones).",
     )
-    top_k: int = Field(
-        default=8, ge=1, description="Candidates closest to the parameter target that are scored."
-    )
+    top_k: int = Field(default=10, ge=1,
+                       description="Largest feasible candidates that are scored (ModelOpt: 10).")
     depth_metric: str = Field(default="cosine", description="Block importance for depth pruning.")
+    timing_band: float = Field(
+        default=0.10, ge=0,
+        description="Candidates predicted at most this fraction over a timing budget are "
+        "timed on the target (they could meet it if the cost model is pessimistic there).")
+    time_all: bool = Field(
+        default=False, description="Time every candidate that could meet the limits, not only "
+        "until top_k have met them.")
+    distill_tokens: int = Field(
+        default=32_768, ge=0,
+        description="Short distillation of each top-k candidate before scoring (the same for "
+        "each); 0 = score right after pruning.")
+    distill_seq_len: int = Field(default=128, ge=2)
+    distill_batch_size: int = Field(default=8, ge=1)
+    distill_lr: float = Field(default=1e-3, gt=0)
+    score_batches: int = Field(
+        default=8, ge=1, description="Calibration batches (of the search's shape) for the score.")
 
 
 @dataclass
 class Candidate:
-    """One homogeneous architecture."""
+    """One homogeneous architecture (and, once timed, its measurement)."""
 
     hidden: int
     attention: int
@@ -64,8 +107,13 @@ class Candidate:
     dropped: list[int]
     params: int
     choice: Choice
+    spec: ArchSpec
     costs: dict[str, float] = field(default_factory=dict)
-    kl: float | None = None
+    measured: dict[str, float] | None = None
+    noise: dict[str, float] | None = None
+    met: bool | None = None  # None: not timed
+    skipped_by: int | None = None  # params of the timed miss it is at least as large as
+    score: float | None = None
 
     def describe(self, space: SearchSpace) -> dict[str, Any]:
         att = space.attention_options[self.attention]
@@ -78,8 +126,22 @@ class Candidate:
             "dropped_layers": self.dropped,
             "params": self.params,
             "costs": self.costs,
-            "kl": self.kl,
+            "measured": self.measured,
+            "noise": self.noise,
+            "met": self.met,
+            "score": self.score,
         }
+
+    def covers(self, other: Candidate, space: SearchSpace) -> bool:
+        """At least as large as ``other`` on every axis (so at least as slow)."""
+        mine, theirs = space.attention_options[self.attention], \
+            space.attention_options[other.attention]
+        return (space.hidden_options[self.hidden] >= space.hidden_options[other.hidden]
+                and mine.num_heads >= theirs.num_heads
+                and mine.num_kv_heads >= theirs.num_kv_heads
+                and space.ffn_options[self.ffn].intermediate_size
+                >= space.ffn_options[other.ffn].intermediate_size
+                and len(self.dropped) <= len(other.dropped))
 
 
 @dataclass
@@ -92,63 +154,91 @@ class BaselineResult:
     scored: list[Candidate]
     num_candidates: int
     mode: str
+    timed: list[Candidate] = field(default_factory=list)
+    could_meet: int = 0
 
 
-def homogeneous_spec(space: SearchSpace, cand: Candidate) -> ArchSpec:
-    """The uniform spec (dropped layers left out: ``prune`` drops them by importance)."""
-    layer = LayerSpec(attention=space.attention_options[cand.attention],
-                      ffn=space.ffn_options[cand.ffn])
-    count = space.num_layers - len(cand.dropped)
-    return space.teacher.model_copy(update={
-        "hidden_size": space.hidden_options[cand.hidden], "layers": [layer] * count})
+# ------------------------------------------------------------------ candidates
+
+
+def droppable_layers(space: SearchSpace) -> list[int]:
+    """Layers the search may empty (both no-ops allowed): the baseline may drop the same."""
+    if space.attention_options[-1] is not None or space.ffn_options[-1] is not None:
+        return []
+    return [i for i in range(space.num_layers)
+            if bool(space.allowed_attention[i, -1]) and bool(space.allowed_ffn[i, -1])]
+
+
+def depth_order(space: SearchSpace, importance: Importance, metric: str) -> list[int]:
+    """Droppable layers, least important first."""
+    scores = importance.depth_scores(metric)
+    return sorted(droppable_layers(space), key=lambda i: (float(scores[i]), i))
+
+
+def homogeneous_spec(space: SearchSpace, importance: Importance, hidden: int, attention: int,
+                     ffn: int, dropped: list[int]) -> ArchSpec:
+    """The uniform spec. Dropped layers are left out when ``prune`` would drop the same ones
+    (it drops by cosine importance, first and last protected); else they stay as empty
+    layers, which ``prune`` keeps in place."""
+    layer = LayerSpec(attention=space.attention_options[attention], ffn=space.ffn_options[ffn])
+    update = {"hidden_size": space.hidden_options[hidden]}
+    if not dropped or sorted(importance.layers_to_drop(len(dropped))) == sorted(dropped):
+        update["layers"] = [layer] * (space.num_layers - len(dropped))
+    else:
+        update["layers"] = [LayerSpec() if i in dropped else layer
+                            for i in range(space.num_layers)]
+    return space.teacher.model_copy(update=update)
 
 
 def candidates(space: SearchSpace, importance: Importance,
                config: MinitronConfig | None = None) -> list[Candidate]:
-    """Every homogeneous architecture of the space (with up to ``max_depth_drop`` layers gone)."""
+    """Every homogeneous architecture of the space, with 0 up to ``max_depth_drop`` layers gone."""
     config = config or MinitronConfig()
-    has_noop = space.attention_options[-1] is None and space.ffn_options[-1] is None
-    most = space.num_layers // 2 if config.max_depth_drop is None else config.max_depth_drop
-    max_drop = min(most, max(0, space.num_layers - 2)) if has_noop else 0
+    order = depth_order(space, importance, config.depth_metric)
+    most = len(order) if config.max_depth_drop is None else min(config.max_depth_drop,
+                                                                  len(order))
+    noop_a, noop_f = len(space.attention_options) - 1, len(space.ffn_options) - 1
     out = []
-    for drop in range(max_drop + 1):
-        dropped = sorted(importance.layers_to_drop(drop, config.depth_metric)) if drop else []
+    for drop in range(most + 1):
+        dropped = sorted(order[:drop])
         for h in range(len(space.hidden_options)):
             for a, att in enumerate(space.attention_options):
                 for f, ffn in enumerate(space.ffn_options):
                     if att is None or ffn is None:
                         continue
-                    att_idx = [len(space.attention_options) - 1 if i in dropped else a
-                               for i in range(space.num_layers)]
-                    ffn_idx = [len(space.ffn_options) - 1 if i in dropped else f
-                               for i in range(space.num_layers)]
-                    choice = Choice(h, tuple(att_idx), tuple(ffn_idx))
-                    cand = Candidate(h, a, f, dropped, 0, choice)
-                    cand.params = homogeneous_spec(space, cand).num_params()
-                    out.append(cand)
+                    choice = Choice(h, tuple(noop_a if i in dropped else a
+                                             for i in range(space.num_layers)),
+                                    tuple(noop_f if i in dropped else f
+                                          for i in range(space.num_layers)))
+                    spec = homogeneous_spec(space, importance, h, a, f, dropped)
+                    out.append(Candidate(h, a, f, dropped, spec.num_params(), choice, spec))
     return out
 
 
-def _pick(space, masked, pool: list[Candidate], target: int, config: MinitronConfig,
-          batches, mode: str, total: int) -> BaselineResult:
-    pool = sorted(pool, key=lambda c: (-c.params, len(c.dropped)))
-    top = pool[: config.top_k]
-    if masked is not None and batches and len(top) > 1:
-        reference = teacher_logits(masked.model, batches)
-        for cand in top:
-            cand.kl = choice_kl(masked, cand.choice, batches, reference)
-        best = min(top, key=lambda c: (c.kl, -c.params))
+def _largest_first(cands: list[Candidate]) -> list[Candidate]:
+    return sorted(cands, key=lambda c: (-c.params, len(c.dropped), c.hidden, c.attention, c.ffn))
+
+
+# ------------------------------------------------------------------ selection
+
+
+def _pick(pool: list[Candidate], target: int, config: MinitronConfig, score: Score | None,
+          mode: str, total: int) -> BaselineResult:
+    top = _largest_first(pool)[: config.top_k]
+    if score is not None and len(top) > 1:
+        for cand, value in zip(top, score(top), strict=True):
+            cand.score = float(value)
+        best = min(top, key=lambda c: (c.score, -c.params))
     else:
         best = top[0]
-    return BaselineResult(spec=homogeneous_spec(space, best), candidate=best, param_target=target,
-                          scored=top, num_candidates=total, mode=mode)
+    return BaselineResult(spec=best.spec, candidate=best, param_target=target, scored=top,
+                          num_candidates=total, mode=mode)
 
 
-@torch.no_grad()
 def minitron_for_params(space: SearchSpace, importance: Importance, target_params: int,
-                        masked=None, batches: list[torch.Tensor] | None = None,
+                        score: Score | None = None,
                         config: MinitronConfig | None = None) -> BaselineResult:
-    """Homogeneous architecture with at most ``target_params`` parameters (ModelOpt style)."""
+    """Homogeneous architecture with at most ``target_params`` parameters (ModelOpt's form)."""
     config = config or MinitronConfig()
     pool = candidates(space, importance, config)
     fitting = [c for c in pool if c.params <= target_params]
@@ -159,28 +249,82 @@ def minitron_for_params(space: SearchSpace, importance: Importance, target_param
             f"(the smallest has {smallest:,})",
             hint="raise --params or widen the search space (smaller fractions, more depth drop)",
         )
-    return _pick(space, masked, fitting, target_params, config, batches, "params", len(pool))
+    return _pick(fitting, target_params, config, score, "params", len(pool))
 
 
-@torch.no_grad()
+def could_meet(costs: dict[str, float], budgets: dict[str, float], band: float) -> bool:
+    """Within every budget, timing budgets widened by ``band`` (the cost model's error)."""
+    return all(costs[m] <= b * (1 + band) if m in TIMING_METRICS else costs[m] <= b
+               for m, b in budgets.items())
+
+
+def meets_as_measured(cand: Candidate, budgets: dict[str, float]) -> bool:
+    """Timings: measurement plus its noise within the budget (the search's guard band);
+    other budgets (memory): the prediction, as in the search's measured loop."""
+    return all(cand.measured[m] + cand.noise.get(m, 0.0) <= b if m in TIMING_METRICS
+               else cand.costs[m] <= b for m, b in budgets.items())
+
+
+def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str, float],
+                    measure: Measure, config: MinitronConfig,
+                    progress: Callable[[int, int], None] | None = None) -> list[Candidate]:
+    """Time the candidates that could meet ``budgets``, largest first; returns those timed
+    (each with ``measured``/``noise``/``met``). Unless ``time_all``, it stops at ``top_k``
+    that met the budgets and marks a candidate covering a timed miss a miss untimed."""
+    todo = _largest_first([c for c in pool if could_meet(c.costs, budgets, config.timing_band)])
+    timed: list[Candidate] = []
+    misses: list[Candidate] = []
+    met = 0
+    for i, cand in enumerate(todo):
+        if met >= config.top_k and not config.time_all:
+            break
+        cover = None if config.time_all else next(
+            (m for m in misses if cand.covers(m, space)), None)
+        if cover is not None:
+            cand.met, cand.skipped_by = False, cover.params
+            continue
+        cand.measured, cand.noise = measure(cand.spec)
+        cand.met = meets_as_measured(cand, budgets)
+        timed.append(cand)
+        met += cand.met
+        if not cand.met:
+            misses.append(cand)
+        if progress is not None:
+            progress(i + 1, len(todo))
+    return timed
+
+
 def minitron_matched(space: SearchSpace, importance: Importance, costs,
-                     budgets: dict[str, float], masked=None,
-                     batches: list[torch.Tensor] | None = None,
-                     config: MinitronConfig | None = None) -> BaselineResult:
-    """Homogeneous architecture that meets ``budgets`` with the largest parameter target."""
+                     budgets: dict[str, float], measure: Measure | None = None,
+                     score: Score | None = None, config: MinitronConfig | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> BaselineResult:
+    """Homogeneous architecture that meets ``budgets``: the top-k largest that meet them
+    (as measured with ``measure``, else as predicted), the best by ``score``."""
     config = config or MinitronConfig()
     tables = CostTables(costs, list(budgets))
     pool = candidates(space, importance, config)
     for cand in pool:
         cand.costs = tables.evaluate(cand.choice)
-    meeting = [c for c in pool if feasible(c.costs, budgets)]
+    timed: list[Candidate] = []
+    if measure is None:
+        meeting = [c for c in pool if feasible(c.costs, budgets)]
+    else:
+        timed = time_candidates(space, pool, budgets, measure, config, progress)
+        meeting = [c for c in timed if c.met]
     if not meeting:
-        smallest = {m: min(c.costs[m] for c in pool) for m in budgets}
-        shown = ", ".join(f"{m} <= {budgets[m]:.4g} (smallest homogeneous: {smallest[m]:.4g})"
-                          for m in budgets)
-        raise AutoCompressError(
-            f"no homogeneous architecture meets the limits: {shown}",
-            hint="loosen the limits or allow more depth pruning (--max-depth-drop)",
-        )
+        raise _none_meets(pool, timed, budgets, measure is not None)
     target = max(c.params for c in meeting)
-    return _pick(space, masked, meeting, target, config, batches, "matched", len(pool))
+    result = _pick(meeting, target, config, score, "matched", len(pool))
+    result.timed = timed
+    result.could_meet = sum(could_meet(c.costs, budgets, config.timing_band) for c in pool)
+    return result
+
+
+def _none_meets(pool: list[Candidate], timed: list[Candidate], budgets: dict[str, float],
+                measured: bool) -> AutoCompressError:
+    smallest = {m: min(c.costs[m] for c in pool) for m in budgets}
+    shown = ", ".join(f"{m} <= {budgets[m]:.4g} (smallest homogeneous predicted: "
+                      f"{smallest[m]:.4g})" for m in budgets)
+    how = f"as measured ({len(timed)} candidates timed)" if measured else "as predicted"
+    return AutoCompressError(f"no homogeneous architecture meets the limits {how}: {shown}",
+                             hint="loosen the limits, or allow more depth pruning")

@@ -5,9 +5,10 @@ calibration split if not given), the cost model of the target and the search
 space with its cost tables. ``run_search`` then runs the DNAS, discretizes and
 repairs, and checks the result with ``CostModel.predict``; ``run_minitron``
 picks the Minitron baseline from the same context (same importance, same
-calibration data, same cost model).
+calibration data, same cost model); ``search.ablations`` has the greedy and
+random ablations. ``run_method`` / ``method_to_file`` choose one of ``METHODS``.
 
-``search_to_file`` / ``minitron_to_file`` are what the CLI calls: they write
+``search_to_file`` / ``minitron_to_file`` / ``method_to_file`` write
 ``arch.json`` plus a report (``<stem>.search.json``) and, for the search, the
 trajectory (``<stem>.trajectory.json`` and ``.png``). Search checkpoints live in
 a work directory (default ``.<stem>.search-work`` beside the output) so an
@@ -33,6 +34,7 @@ from autocompress.errors import AutoCompressError
 from autocompress.importance import CalibrationConfig, Importance
 from autocompress.limits import Limits
 from autocompress.progress import Bar
+from autocompress.search.ablations import RandomConfig
 from autocompress.search.budgets import budgets_from_limits, reachable_text, resolve_limits
 from autocompress.search.discretize import (
     Discretized,
@@ -44,7 +46,7 @@ from autocompress.search.discretize import (
 )
 from autocompress.search.dnas import CHECKPOINT_NAME, DNAS, DNASConfig, DNASResult
 from autocompress.search.masked import MaskedTeacher
-from autocompress.search.measured import MeasuredRound, closed_loop, measure_spec
+from autocompress.search.measured import TIMING_METRICS, MeasuredRound, closed_loop, measure_spec
 from autocompress.search.minitron import (
     BaselineResult,
     MinitronConfig,
@@ -53,6 +55,9 @@ from autocompress.search.minitron import (
 )
 from autocompress.search.space import SearchSpace, SpaceConfig
 from autocompress.search.trajectory import plot_trajectory, save_trajectory
+
+# How an architecture can be found (``run_method``): the search, and its baseline and ablations.
+METHODS = ("autocompress", "greedy", "random", "minitron")
 
 # Repair aims this far inside each budget so float rounding in predict() cannot flip it.
 SAFETY = 1e-9
@@ -77,6 +82,8 @@ class SearchConfig(BaseModel):
         "search's argmax (plus no-op); None = every option.",
     )
     minitron: MinitronConfig = Field(default_factory=MinitronConfig)
+    random: RandomConfig = Field(default_factory=RandomConfig,
+                                 description="The random-search ablation (method random).")
     calibration: CalibrationConfig = Field(
         default_factory=lambda: CalibrationConfig(seq_len=128, batch_size=8, num_batches=8,
                                                   removal_batches=0),
@@ -167,15 +174,20 @@ class SearchContext:
 
     # --------------------------------------------------------------- data
     def calibration(self, seq_len: int):
+        return self.corpus_split("calibration", seq_len)
+
+    def corpus_split(self, split: str, seq_len: int):
         from autocompress.data.tokens import PackedTokens
 
-        return PackedTokens(self.tokenizer, self.corpus_dir, "calibration", seq_len)
+        return PackedTokens(self.tokenizer, self.corpus_dir, split, seq_len)
 
-    def score_batches(self, config: SearchConfig) -> list[torch.Tensor]:
-        """Fixed calibration batches for measured scores and baseline selection."""
+    def score_batches(self, config: SearchConfig, count: int | None = None) -> list[torch.Tensor]:
+        """Fixed calibration batches (``config.score_batches`` unless ``count``) for measured
+        scores and the baselines' selection."""
         data = self.calibration(config.dnas.seq_len)
         seed = config.dnas.seed + 7919  # not the batches the search trained on first
-        return [data.batch_at(i, config.dnas.batch_size, seed) for i in range(config.score_batches)]
+        return [data.batch_at(i, config.dnas.batch_size, seed)
+                for i in range(count or config.score_batches)]
 
     def teacher_costs(self) -> dict[str, float]:
         return self.cost_model.predict(self.space.teacher, self.workload).metrics()
@@ -199,6 +211,9 @@ class SearchOutcome:
     discretized: Discretized
     seconds: dict[str, float]
     measured_rounds: list[MeasuredRound] = field(default_factory=list)
+    # Architectures evaluated on data: one per DNAS step, then the anchor and its
+    # single-change scores (what the random ablation gets as its count).
+    evaluations: dict[str, int] = field(default_factory=dict)
 
     def report(self, ctx: SearchContext) -> dict[str, Any]:
         space = ctx.space
@@ -222,6 +237,8 @@ class SearchOutcome:
             "anchor_costs": d.anchor_costs,
             "repair_changes": d.changes,
             "scores": d.score_source,
+            "scored_candidates": sum(self.evaluations.values()),
+            "evaluations": self.evaluations,
             "per_hidden": d.per_hidden,
             "final_lambda": self.dnas.lambdas,
             "search_completed": self.dnas.completed,
@@ -249,8 +266,10 @@ class BaselineOutcome:
             "mode": r.mode,
             "teacher": ctx.teacher_dir,
             "target": ctx.cost_model.target.name if ctx.cost_model else None,
+            "cost_model": ctx.cost_model.version if ctx.cost_model else None,
             "workload": ctx.workload.model_dump() if ctx.workload else None,
             "limits": self.limits.model_dump(exclude_none=True) if self.limits else {},
+            "teacher_predicted": ctx.teacher_costs() if ctx.costs is not None else None,
             "param_target": r.param_target,
             "params": self.spec.num_params(),
             "teacher_params": ctx.space.teacher.num_params(),
@@ -259,7 +278,10 @@ class BaselineOutcome:
             "meets_limits": all(c.ok for c in self.checks),
             "chosen": r.candidate.describe(ctx.space),
             "scored": [c.describe(ctx.space) for c in r.scored],
+            "scored_candidates": len(r.scored),
             "num_candidates": r.num_candidates,
+            "could_meet": r.could_meet,
+            "timed": [c.describe(ctx.space) for c in r.timed],
             "seconds": self.seconds,
             "measured_rounds": [r.model_dump() for r in self.measured_rounds],
             "arch": self.spec.to_dict(),
@@ -282,7 +304,7 @@ def run_search(
     _need_costs(ctx)
     budgets = budgets_from_limits(limits, ctx.workload)
     space, costs = ctx.space, ctx.costs
-    _check_reachable(ctx, limits, budgets)
+    check_reachable(ctx, limits, budgets)
 
     data = ctx.calibration(config.dnas.seq_len)
     dnas = DNAS(ctx.masked, costs, budgets, config.dnas)
@@ -299,8 +321,10 @@ def run_search(
     anchor = result.argmax_choice(space)
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
     option_scores = None
+    evaluations = {"dnas_steps": len(result.trajectory), "measured_scores": 0}
     if config.score == "measured":
         jobs = measured_job_list(space, anchor, config.score_radius)
+        evaluations["measured_scores"] = len(jobs) + 1  # + the anchor itself
         bar = Bar("scores", len(jobs), progress)
         count = [0]
 
@@ -319,20 +343,20 @@ def run_search(
         # probability scores cover the whole space
         found = found or repair(space, costs, bounds, anchor, fallback)
         if found is None:
-            _raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
+            raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
         return found
 
-    found, rounds = _measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
+    found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
                                    budgets, inner)
     t2, c2 = time.perf_counter(), time.process_time()
     spec = space.spec_of(found.choice)
-    prediction, checks = _final_check(ctx, spec, limits)
+    prediction, checks = final_check(ctx, spec, limits)
     seconds = {"dnas": result.seconds, "scores_and_repair": t2 - t1,
                "total": result.seconds + (t2 - t1),
                "cpu_total": result.cpu_seconds + (c2 - c1), "threads": torch.get_num_threads()}
     return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
                          checks=checks, dnas=result, discretized=found, seconds=seconds,
-                         measured_rounds=rounds)
+                         measured_rounds=rounds, evaluations=evaluations)
 
 
 def run_minitron(
@@ -340,37 +364,42 @@ def run_minitron(
     limits: Limits | None = None,
     params: int | None = None,
     config: SearchConfig | None = None,
+    progress: bool = False,
 ) -> BaselineOutcome:
-    """The Minitron baseline: matched to ``limits``, or to a parameter count ``params``."""
+    """The Minitron baseline: matched to ``limits``, or to a parameter count ``params``.
+
+    Matched: every homogeneous candidate that could meet the limits is timed on the
+    target where this machine can time it (unless ``measured_rounds == 0``: trust the
+    cost model, as the search does); the top-k are ranked after a short distillation.
+    """
     config = config or SearchConfig()
     if (limits is None) == (params is None):
         raise AutoCompressError("give either a parameter target or limits to match",
                                 hint="--params N, or --match-target T --workload W with limits")
     t0 = time.perf_counter()
-    batches = ctx.score_batches(config)
+    score = _minitron_score(ctx, config, progress)
     rounds: list[MeasuredRound] = []
     if params is not None:
-        result = minitron_for_params(ctx.space, ctx.importance, params, ctx.masked, batches,
-                                     config.minitron)
+        result = minitron_for_params(ctx.space, ctx.importance, params, score, config.minitron)
     else:
         _need_costs(ctx)
         budgets = budgets_from_limits(limits, ctx.workload)
-
-        def pick(bounds: dict[str, float]):
-            try:
-                return minitron_matched(ctx.space, ctx.importance, ctx.costs, bounds,
-                                        ctx.masked, batches, config.minitron)
-            except AutoCompressError:
-                if bounds == budgets:
-                    raise
-                _raise_unreachable(ctx, limits, budgets, as_measured=True)
-
-        result, rounds = _measured_loop(ctx, config, pick, lambda r: r.spec, budgets, budgets)
+        measure = None
+        if config.measured_rounds and ctx.cost_model.target.measurable:
+            def measure(spec):
+                return measure_spec(spec, ctx.model.config, ctx.cost_model, ctx.workload,
+                                    config.measured_repeats)
+        bar = _LazyBar("time candidates", progress)
+        result = minitron_matched(ctx.space, ctx.importance, ctx.costs, budgets, measure, score,
+                                  config.minitron, progress=bar)
+        bar.close()
+        rounds = [_round(ctx, c.spec, c.measured, c.noise, budgets, bool(c.met))
+                  for c in result.timed]
     prediction = None
     if ctx.cost_model is not None and ctx.workload is not None:
         prediction = ctx.cost_model.predict(result.spec, ctx.workload)
     checks = limits.check(prediction.metrics()) if limits is not None else []
-    if limits is not None and not all(c.ok for c in checks):
+    if limits is not None and not all(c.ok for c in checks) and not result.timed:
         raise AutoCompressError(  # the tables and predict() disagree: a bug, not user input
             f"internal error: the baseline breaks its limits under predict(): {checks}")
     return BaselineOutcome(spec=result.spec, result=result, limits=limits, prediction=prediction,
@@ -378,10 +407,56 @@ def run_minitron(
                            measured_rounds=rounds)
 
 
+def _round(ctx: SearchContext, spec: ArchSpec, measured, noise, budgets, met: bool
+           ) -> MeasuredRound:
+    predicted = ctx.cost_model.predict(spec, ctx.workload).metrics()
+    return MeasuredRound(params=spec.num_params(), met=met, budgets=budgets,
+                         predicted={m: float(predicted[m]) for m in TIMING_METRICS},
+                         measured={m: float(measured[m]) for m in TIMING_METRICS},
+                         noise={m: float(noise.get(m, 0.0)) for m in TIMING_METRICS})
+
+
+class _LazyBar:
+    """A progress bar whose total is known only at the first update."""
+
+    def __init__(self, description: str, enabled: bool):
+        self.description, self.enabled, self.bar = description, enabled, None
+
+    def __call__(self, completed: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = Bar(self.description, total, self.enabled)
+        self.bar.update(completed, "")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _minitron_score(ctx: SearchContext, config: SearchConfig, progress: bool):
+    """Minitron's ranking of its top-k: KL to the teacher after a short distillation."""
+    mc = config.minitron
+    if mc.top_k == 1:
+        return None
+
+    def score(cands):
+        from autocompress.search.selection import short_distill_kl
+
+        train = ctx.corpus_split("train", mc.distill_seq_len)
+        bar = _LazyBar("rank top-k", progress)
+        values = short_distill_kl(
+            ctx.model, ctx.importance, [c.spec for c in cands], train,
+            ctx.score_batches(config, mc.score_batches), mc.distill_tokens, mc.distill_seq_len,
+            mc.distill_batch_size, mc.distill_lr, config.dnas.seed, progress=bar)
+        bar.close()
+        return values
+
+    return score
+
+
 # ------------------------------------------------------------------ checks
 
 
-def _measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
+def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
                    budgets: dict[str, float], inner: dict[str, float]):
     """``measured.closed_loop`` where the target can be timed here; else one pick."""
     target = ctx.cost_model.target
@@ -399,7 +474,7 @@ def _need_costs(ctx: SearchContext) -> None:
                                 hint="pass --target and --workload")
 
 
-def _final_check(ctx: SearchContext, spec: ArchSpec, limits: Limits):
+def final_check(ctx: SearchContext, spec: ArchSpec, limits: Limits):
     prediction = ctx.cost_model.predict(spec, ctx.workload)
     checks = limits.check(prediction.metrics())
     if not all(c.ok for c in checks):
@@ -413,13 +488,13 @@ def _final_check(ctx: SearchContext, spec: ArchSpec, limits: Limits):
     return prediction, checks
 
 
-def _check_reachable(ctx: SearchContext, limits: Limits, budgets: dict[str, float]) -> None:
+def check_reachable(ctx: SearchContext, limits: Limits, budgets: dict[str, float]) -> None:
     smallest = smallest_reachable(ctx.space, ctx.costs, list(budgets))
     if any(smallest[m] > b for m, b in budgets.items()):
-        _raise_unreachable(ctx, limits, budgets, smallest)
+        raise_unreachable(ctx, limits, budgets, smallest)
 
 
-def _raise_unreachable(ctx, limits, budgets, smallest=None, as_measured=False) -> None:
+def raise_unreachable(ctx, limits, budgets, smallest=None, as_measured=False) -> None:
     if as_measured:
         raise AutoCompressError(
             "no architecture in the search space meets the limits as measured on "
@@ -490,10 +565,42 @@ def minitron_to_file(
     limits: Limits | None = None,
     params: int | None = None,
     config: SearchConfig | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Pick the Minitron baseline and write ``out`` and its report."""
-    out = Path(out)
-    outcome = run_minitron(ctx, limits=limits, params=params, config=config)
+    outcome = run_minitron(ctx, limits=limits, params=params, config=config, progress=progress)
+    return _write(ctx, outcome, Path(out))
+
+
+def run_method(ctx: SearchContext, method: str, limits: Limits,
+               config: SearchConfig | None = None, progress: bool = False):
+    """The architecture ``method`` (one of ``METHODS``) finds for ``limits``: an outcome
+    with ``spec``, ``prediction`` and ``report(ctx)``."""
+    from autocompress.search.ablations import run_greedy, run_random
+
+    config = config or SearchConfig()
+    if method == "autocompress":
+        return run_search(ctx, limits, config, progress=progress)
+    if method == "minitron":
+        return run_minitron(ctx, limits=limits, config=config, progress=progress)
+    if method == "greedy":
+        return run_greedy(ctx, limits, config)
+    if method == "random":
+        return run_random(ctx, limits, config)
+    raise AutoCompressError(f"unknown method {method!r}", hint=f"use one of {', '.join(METHODS)}")
+
+
+def method_to_file(ctx: SearchContext, method: str, limits: Limits, out: str | Path,
+                   config: SearchConfig | None = None, work_dir: str | Path | None = None,
+                   progress: bool = False) -> dict[str, Any]:
+    """``run_method`` and write ``out`` (ArchSpec JSON) and its report (the search: also its
+    trajectory, and it resumes from ``work_dir``)."""
+    if method == "autocompress":
+        return search_to_file(ctx, limits, out, config, work_dir=work_dir, progress=progress)
+    return _write(ctx, run_method(ctx, method, limits, config, progress), Path(out))
+
+
+def _write(ctx: SearchContext, outcome, out: Path) -> dict[str, Any]:
     report = outcome.report(ctx)
     outcome.spec.to_json(out)
     write_json_atomic(report_path(out), report)

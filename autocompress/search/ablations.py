@@ -1,0 +1,247 @@
+"""Ablations of the search: what the differentiable search adds, under the same rules.
+
+Both run on the search's ``SearchContext`` (teacher, importance, space, cost
+model), meet the same budgets under the same cost tables and go through the same
+measured loop on the target (``run.measured_loop``: time the pick, re-aim a
+missed timing budget by the cost model's error on it, pick again):
+
+- ``greedy`` — repair from the teacher without DNAS. The anchor is the teacher
+  itself; every option of every block (and every hidden size) is scored by the
+  measured KL change of that one change on the search's score batches, and the
+  search's own ``repair`` (restore feasibility cheapest-first, fill slack, pair
+  exchanges, best hidden size) turns it into an architecture. The search scores
+  only a neighbourhood of its DNAS answer; from the teacher that neighbourhood
+  would forbid the widths a tight budget needs, so greedy scores every option.
+- ``random`` — random search in the same space. ``candidates`` legal
+  architectures that the cost model predicts within the budgets are drawn, each
+  is scored by KL to the teacher on the same score batches, and the best one
+  (among those within the loop's current budgets) is picked. The default count
+  is what the full search evaluates: one sampled architecture per DNAS step plus
+  the most single-change scores its repair can take in this space (the search's
+  report gives its exact count, ``scored_candidates``). Drawing uniformly over
+  option indices puts nearly every sample near the teacher's cost (most blocks
+  kept) and almost never under a tight budget, so each draw first picks its own
+  removal rate ``r ~ U(0, 1)``: every removable block is a no-op with probability
+  ``r``, else one of its other options uniformly; the hidden size is uniform.
+  Draws that use less than ``min_budget_use`` of every budget are rejected (a
+  random search should spend its budget; relaxed to 0 if too few are found).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from autocompress.arch import ArchSpec
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.search.budgets import budgets_from_limits
+from autocompress.search.discretize import (
+    CostTables,
+    choice_kl,
+    feasible,
+    measured_job_list,
+    measured_scores,
+    repair,
+    teacher_logits,
+)
+from autocompress.search.measured import MeasuredRound
+from autocompress.search.space import Choice, SearchSpace
+
+
+class RandomConfig(BaseModel):
+    """How the random-search ablation draws its candidates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidates: int | None = Field(
+        default=None, ge=1,
+        description="Architectures scored (None = what the full search evaluates: DNAS steps "
+        "+ the most single-change scores its repair can take in this space).")
+    min_budget_use: float = Field(
+        default=0.8, ge=0, le=1,
+        description="Reject draws using less than this fraction of every budget.")
+    max_tries: int = Field(default=200_000, ge=1, description="Draws before relaxing the floor.")
+
+
+def search_evaluations(space: SearchSpace, dnas_steps: int, radius: int | None) -> int:
+    """The most architectures the full search evaluates: one per DNAS step, the anchor, and
+    every single-change score within ``radius`` of an anchor in the middle of the space."""
+    evaluations = dnas_steps + 1 + len(space.hidden_options) - 1
+    for kind in ("attention", "ffn"):
+        options = getattr(space, f"{kind}_options")
+        allowed = getattr(space, f"allowed_{kind}")
+        sized = len(options) - (options[-1] is None)
+        for layer in range(space.num_layers):
+            near = sized - 1 if radius is None else min(sized - 1, 2 * radius)
+            evaluations += near + int(options[-1] is None and bool(allowed[layer, -1]))
+    return evaluations
+
+
+# ------------------------------------------------------------------ random search
+
+
+def sample_choices(space: SearchSpace, tables: CostTables, budgets: dict[str, float],
+                   count: int, seed: int, config: RandomConfig) -> tuple[list[Choice], dict]:
+    """``count`` distinct legal choices predicted within ``budgets`` (see the module doc)."""
+    rng = np.random.default_rng(seed)
+    att_ok, ffn_ok = space.allowed_attention.numpy(), space.allowed_ffn.numpy()
+    noop_a = len(space.attention_options) - 1 if space.attention_options[-1] is None else None
+    noop_f = len(space.ffn_options) - 1 if space.ffn_options[-1] is None else None
+    seen: set[Choice] = set()
+    floor, tries = config.min_budget_use, 0
+    while len(seen) < count:
+        if tries == config.max_tries:
+            if floor == 0:
+                break
+            floor, tries = 0.0, 0
+        tries += 1
+        rate = rng.random()
+        attention = tuple(_draw(rng, att_ok[i], noop_a, rate) for i in range(space.num_layers))
+        if noop_a is not None and all(a == noop_a for a in attention):
+            continue  # at least one attention block
+        ffn = tuple(_draw(rng, ffn_ok[i], noop_f, rate) for i in range(space.num_layers))
+        choice = Choice(int(rng.integers(len(space.hidden_options))), attention, ffn)
+        if choice in seen:
+            continue
+        costs = tables.evaluate(choice)
+        if feasible(costs, budgets) and max(costs[m] / b for m, b in budgets.items()) >= floor:
+            seen.add(choice)
+    if not seen:
+        raise AutoCompressError("random search drew no architecture within the budgets",
+                                hint="loosen the limits, or use another method")
+    return sorted(seen, key=lambda c: (c.hidden, c.attention, c.ffn)), \
+        {"min_budget_use": floor, "requested": count, "drawn": len(seen)}
+
+
+def _draw(rng, allowed: np.ndarray, noop: int | None, rate: float) -> int:
+    if noop is not None and allowed[noop] and rng.random() < rate:
+        return noop
+    options = [k for k in range(len(allowed)) if allowed[k] and k != noop]
+    return int(options[rng.integers(len(options))])
+
+
+# ------------------------------------------------------------------ outcomes
+
+
+@dataclass
+class AblationOutcome:
+    """An ablation's architecture, its checks and what it evaluated."""
+
+    method: str
+    spec: ArchSpec
+    limits: Limits
+    budgets: dict[str, float]
+    prediction: Any
+    checks: list[Any]
+    seconds: dict[str, float]
+    scored_candidates: int
+    details: dict[str, Any] = field(default_factory=dict)
+    measured_rounds: list[MeasuredRound] = field(default_factory=list)
+
+    def report(self, ctx) -> dict[str, Any]:
+        return {
+            "kind": self.method,
+            "teacher": ctx.teacher_dir,
+            "target": ctx.cost_model.target.name,
+            "cost_model": ctx.cost_model.version,
+            "workload": ctx.workload.model_dump(),
+            "limits": self.limits.model_dump(exclude_none=True),
+            "budgets": self.budgets,
+            "predicted": self.prediction.metrics(),
+            "teacher_predicted": ctx.teacher_costs(),
+            "margins": {c.metric: c.margin for c in self.checks},
+            "meets_limits": all(c.ok for c in self.checks),
+            "params": self.spec.num_params(),
+            "teacher_params": ctx.space.teacher.num_params(),
+            "scored_candidates": self.scored_candidates,
+            "seconds": self.seconds,
+            "measured_rounds": [r.model_dump() for r in self.measured_rounds],
+            "space": ctx.space.describe(),
+            **self.details,
+            "arch": self.spec.to_dict(),
+        }
+
+
+def run_greedy(ctx, limits: Limits, config) -> AblationOutcome:
+    """Repair from the teacher with every option scored there; the search's measured loop."""
+    from autocompress.search.run import (
+        check_reachable,
+        final_check,
+        measured_loop,
+        raise_unreachable,
+    )
+
+    t0 = time.perf_counter()
+    budgets = budgets_from_limits(limits, ctx.workload)
+    check_reachable(ctx, limits, budgets)
+    space, anchor = ctx.space, ctx.space.full_choice()
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config), radius=None)
+    inner = dict(budgets)
+
+    def pick(bounds):
+        found = repair(space, ctx.costs, bounds, anchor, scores)
+        if found is None:
+            raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
+        return found
+
+    found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
+                                   budgets, inner)
+    spec = space.spec_of(found.choice)
+    prediction, checks = final_check(ctx, spec, limits)
+    return AblationOutcome(
+        method="greedy", spec=spec, limits=limits, budgets=budgets, prediction=prediction,
+        checks=checks, seconds={"total": time.perf_counter() - t0},
+        scored_candidates=len(measured_job_list(space, anchor, None)) + 1,
+        details={"choice": found.choice.to_dict(), "repair_changes": found.changes,
+                 "per_hidden": found.per_hidden},
+        measured_rounds=rounds)
+
+
+@torch.no_grad()
+def run_random(ctx, limits: Limits, config) -> AblationOutcome:
+    """The best of ``config.random.candidates`` random architectures; the measured loop."""
+    from autocompress.search.run import (
+        check_reachable,
+        final_check,
+        measured_loop,
+        raise_unreachable,
+    )
+
+    t0 = time.perf_counter()
+    budgets = budgets_from_limits(limits, ctx.workload)
+    check_reachable(ctx, limits, budgets)
+    space = ctx.space
+    tables = CostTables(ctx.costs, list(budgets))
+    tables.check_memory(space.full_choice())  # exact memory if the fast mirror drifts
+    count = config.random.candidates or search_evaluations(space, config.dnas.steps,
+                                                           config.score_radius)
+    pool, drawn = sample_choices(space, tables, budgets, count, config.dnas.seed, config.random)
+    batches = ctx.score_batches(config)
+    reference = teacher_logits(ctx.model, batches)
+    kl = {choice: choice_kl(ctx.masked, choice, batches, reference) for choice in pool}
+    inner = dict(budgets)
+
+    def pick(bounds):
+        within = [c for c in pool if feasible(tables.evaluate(c), bounds)]
+        if not within:
+            raise_unreachable(ctx, limits, budgets, as_measured=True)
+        return min(within, key=lambda c: (kl[c], c.hidden, c.attention, c.ffn))
+
+    choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, inner)
+    spec = space.spec_of(choice)
+    prediction, checks = final_check(ctx, spec, limits)
+    ranked = sorted(kl.values())
+    return AblationOutcome(
+        method="random", spec=spec, limits=limits, budgets=budgets, prediction=prediction,
+        checks=checks, seconds={"total": time.perf_counter() - t0},
+        scored_candidates=len(pool),
+        details={"choice": choice.to_dict(), "kl": kl[choice], "sampling": drawn,
+                 "kl_of_candidates": {"min": ranked[0], "median": float(np.median(ranked)),
+                                      "max": ranked[-1]}},
+        measured_rounds=rounds)

@@ -1,0 +1,215 @@
+"""The methods beside the search: the fair Minitron baseline and the greedy/random ablations.
+
+A tiny 6-layer Llama under a cost model where, as on this CPU, every block costs a
+fixed call overhead and size matters little: tight budgets then need depth.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autocompress.costmodel import CostModel, Target, Workload
+from autocompress.costmodel.laws import ActivationLaw, LinearLaw
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.modeling.tiny import tiny_model
+from autocompress.prune import prune
+from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
+from autocompress.search.ablations import RandomConfig, sample_choices, search_evaluations
+from autocompress.search.discretize import CostTables, feasible, measured_job_list
+from autocompress.search.measured import TIMING_METRICS
+from autocompress.search.minitron import (
+    MinitronConfig,
+    candidates,
+    droppable_layers,
+    minitron_matched,
+)
+from autocompress.search.run import run_method, run_minitron
+
+WORKLOAD = Workload(name="test", isl=16, osl=4, batch=1)
+CONFIG = SearchConfig(
+    space=SpaceConfig(granularity=16, ffn_fractions=[1.0, 0.5, 0.25],
+                      head_fractions=[1.0, 0.5]),
+    dnas=DNASConfig(steps=6, batch_size=2, seq_len=32, teacher_cache=2),
+    minitron=MinitronConfig(top_k=3, distill_tokens=0, score_batches=1),
+    measured_repeats=2,
+)
+
+
+def overhead_bound() -> CostModel:
+    """Each block costs 1 ms of call overhead; bytes and FLOPs cost little."""
+    calls = {"attn.call": 1.0, "ffn.call": 1.0, "const.call": 0.5}
+    law = LinearLaw(prefill={**calls, "attn.flops": 1e-9, "ffn.flops": 1e-9},
+                    decode={**calls, "attn.weight_bytes": 1e-7, "ffn.weight_bytes": 1e-7})
+    return CostModel(target=Target.parse("h100-sxm/hf-eager/bf16"), timing=law,
+                     activation=ActivationLaw.default())
+
+
+def _context(tokenizer, corpus, cost_model) -> SearchContext:
+    model = tiny_model("llama", vocab_size=len(tokenizer), hidden_size=64, num_layers=6,
+                       num_heads=4, gqa_ratio=2, intermediate_size=64, head_dim=16, seed=5)
+    config = CONFIG.model_copy(update={"calibration": CONFIG.calibration.model_copy(
+        update={"seq_len": 32, "batch_size": 2, "num_batches": 2})})
+    return SearchContext.build((model, tokenizer), None, WORKLOAD, config, corpus_dir=corpus,
+                               cost_model=cost_model, progress=False)
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny_corpus, tiny_tokenizer):
+    return _context(tiny_tokenizer, tiny_corpus, overhead_bound())
+
+
+def _tpot(ctx, cands) -> list[float]:
+    tables = CostTables(ctx.costs, ["tpot_ms"])
+    return [tables.evaluate(c.choice)["tpot_ms"] for c in cands]
+
+
+# ------------------------------------------------------------------ Minitron
+
+
+def test_minitron_may_drop_every_unprotected_layer(ctx):
+    space = ctx.space
+    assert droppable_layers(space) == [1, 2, 3, 4]
+    pool = candidates(space, ctx.importance, CONFIG.minitron)
+    assert max(len(c.dropped) for c in pool) == 4 > space.num_layers // 2
+    assert not any({0, 5} & set(c.dropped) for c in pool)
+    # A budget only two-layer models meet (every 3-layer one is over it).
+    two = _tpot(ctx, [c for c in pool if len(c.dropped) == 4])
+    three = _tpot(ctx, [c for c in pool if len(c.dropped) == 3])
+    assert max(two) < min(three)
+    budget = (max(two) + min(three)) / 2
+    result = minitron_matched(space, ctx.importance, ctx.costs, {"tpot_ms": budget},
+                              config=CONFIG.minitron)
+    assert result.spec.num_layers == 2 and len(set(result.spec.layers)) == 1
+    assert result.spec.hidden_size == 64  # the largest two-layer model: full width
+    student = prune(ctx.model, ctx.importance, result.spec)
+    assert student.config.source_layers == [0, 5]
+
+
+def test_every_candidate_that_could_meet_the_limit_is_timed(ctx):
+    """One candidate's miss does not drop another: each is timed and judged on its own."""
+    pool = candidates(ctx.space, ctx.importance, CONFIG.minitron)
+    tpot = _tpot(ctx, pool)
+    budget = sorted(tpot)[len(tpot) // 3]
+    largest = max((c for c, t in zip(pool, tpot, strict=True) if t <= budget),
+                  key=lambda c: c.params).spec
+
+    def target(spec):  # the largest feasible measures 5% over the budget
+        predicted = ctx.cost_model.predict(spec, WORKLOAD).metrics()
+        over = predicted["tpot_ms"] > budget  # the model is 5% pessimistic above the budget
+        factor = 1.05 * budget / predicted["tpot_ms"] if spec == largest else \
+            0.95 if over else 1.0
+        return {m: factor * predicted[m] for m in TIMING_METRICS}, {}
+
+    every = CONFIG.minitron.model_copy(update={"time_all": True})
+    full = minitron_matched(ctx.space, ctx.importance, ctx.costs, {"tpot_ms": budget}, target,
+                            config=every)
+    could = [c for c, t in zip(pool, tpot, strict=True) if t <= 1.1 * budget]
+    assert sorted(c.params for c in full.timed) == sorted(c.params for c in could)
+    assert full.could_meet == len(could) > len(full.scored)
+    met = [c for c in full.timed if c.met]
+    assert all(c.measured["tpot_ms"] <= budget for c in met)
+    assert largest not in [c.spec for c in met]  # its own miss, nobody else's
+    assert len(met) > len(full.scored)  # the others stay in, however large its error
+    assert any(c.costs["tpot_ms"] > budget for c in met)  # predicted over, measured under
+    assert len(met) == sum(1 for c in full.timed if target(c.spec)[0]["tpot_ms"] <= budget)
+
+    quick = minitron_matched(ctx.space, ctx.importance, ctx.costs, {"tpot_ms": budget}, target,
+                             config=CONFIG.minitron)
+    assert [c.params for c in quick.scored] == [c.params for c in full.scored]
+    assert len(quick.timed) < len(full.timed)
+
+
+def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
+        tiny_corpus, tiny_tokenizer, autocompress_home):
+    cpu = _context(tiny_tokenizer, tiny_corpus,
+                   CostModel.analytic(Target.parse("cpu-local/hf-eager/fp32")))
+    limits = Limits(max_tpot_ms=1e3 * cpu.teacher_costs()["tpot_ms"])  # every candidate meets
+    config = CONFIG.model_copy(update={"minitron": CONFIG.minitron.model_copy(update={
+        "top_k": 2, "distill_tokens": 2 * 4 * 32, "distill_seq_len": 32,
+        "distill_batch_size": 4, "distill_lr": 3e-3})})
+    outcome = run_minitron(cpu, limits=limits, config=config)
+    report = outcome.report(cpu)
+    assert len(report["measured_rounds"]) == 2  # timed largest first until top_k met
+    assert all(r["met"] and r["measured"]["tpot_ms"] > 0 for r in report["measured_rounds"])
+    assert report["measured_rounds"][0]["params"] == cpu.space.teacher.num_params()
+    scores = [c["score"] for c in report["scored"]]
+    assert len(scores) == 2 and all(s > 0 for s in scores)
+    assert report["chosen"]["score"] == min(scores)
+
+    # The score is taken after the short distillation, which brings the student closer.
+    # (A random tiny teacher is nearly uniform: sharpen it so there is something to
+    # learn, and keep the steps small, as its weights are.)
+    from autocompress.search.selection import short_distill_kl
+
+    with torch.no_grad():
+        cpu.model.lm_head.weight.mul_(10)
+    spec = cpu.space.spec_of(cpu.space.full_choice()).model_copy(update={
+        "layers": [la.model_copy(update={"ffn": cpu.space.ffn_options[2]})
+                   for la in cpu.space.teacher.layers]})
+    train = cpu.corpus_split("train", 32)
+    batches = cpu.score_batches(config, 2)
+    before, after = (short_distill_kl(cpu.model, cpu.importance, [spec], train, batches,
+                                      tokens, 32, 4, 1e-5, seed=0)[0] for tokens in (0, 1024))
+    assert after < before
+
+
+# ------------------------------------------------------------------ ablations
+
+
+def test_greedy_repairs_from_the_teacher_within_the_limits_and_the_space(ctx):
+    limits = Limits(max_tpot_ms=0.4 * ctx.teacher_costs()["tpot_ms"])
+    outcome = run_method(ctx, "greedy", limits, CONFIG)
+    report = outcome.report(ctx)
+    assert report["kind"] == "greedy" and report["meets_limits"]
+    assert outcome.prediction.tpot_ms <= limits.max_tpot_ms
+    kept = [i for i, la in enumerate(outcome.spec.layers) if not la.is_empty]
+    assert {0, 5} <= set(kept) and len(kept) < 6 // 2 + 1  # deep removal, protected kept
+    jobs = measured_job_list(ctx.space, ctx.space.full_choice(), None)
+    assert report["scored_candidates"] == len(jobs) + 1
+
+
+def test_random_search_scores_as_many_candidates_as_the_search(ctx):
+    limits = Limits(max_tpot_ms=0.5 * ctx.teacher_costs()["tpot_ms"])
+    searched = run_method(ctx, "autocompress", limits, CONFIG).report(ctx)
+    count = searched["scored_candidates"]
+    assert count == CONFIG.dnas.steps + searched["evaluations"]["measured_scores"]
+    assert search_evaluations(ctx.space, CONFIG.dnas.steps, CONFIG.score_radius) >= count
+
+    config = CONFIG.model_copy(update={"random": RandomConfig(candidates=count)})
+    report = run_method(ctx, "random", limits, config).report(ctx)
+    assert report["kind"] == "random" and report["meets_limits"]
+    assert report["scored_candidates"] == count
+    assert report["kl"] == report["kl_of_candidates"]["min"]  # the best one, as predicted
+
+    budgets = {"tpot_ms": limits.max_tpot_ms}
+    tables = CostTables(ctx.costs, ["tpot_ms"])
+    pool, drawn = sample_choices(ctx.space, tables, budgets, count, 0, config.random)
+    assert len(set(pool)) == count and drawn["min_budget_use"] == 0.8
+    for choice in pool:
+        assert ctx.space.is_legal(choice)
+        use = tables.evaluate(choice)["tpot_ms"] / budgets["tpot_ms"]
+        assert feasible(tables.evaluate(choice), budgets) and use >= 0.8
+    again, _ = sample_choices(ctx.space, tables, budgets, count, 0, config.random)
+    other, _ = sample_choices(ctx.space, tables, budgets, count, 1, config.random)
+    assert again == pool != other  # the seed decides the draws
+
+
+def test_methods_reach_the_flow_and_the_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from autocompress.cli import app
+    from flows.compress import METHODS, seeded, steps_for
+
+    assert METHODS == ("autocompress", "greedy", "random", "minitron")
+    arch = {m: next(s for s in steps_for(m) if s.name == "arch") for m in METHODS}
+    assert arch["greedy"].stage.name == arch["random"].stage.name == "ablation"
+    assert arch["greedy"].inputs["method"] == "method" and arch["minitron"].stage.name == "minitron"
+    with pytest.raises(AutoCompressError, match="unknown method"):
+        steps_for("bogus")
+    options = seeded({"distill": {"seed": 7, "tokens": 10}}, 3)
+    assert options == {"distill": {"seed": 7, "tokens": 10}, "search": {"dnas": {"seed": 3}}}
+    result = CliRunner().invoke(app, ["run", "--method", "bogus", "--budget-fraction", "0.5"])
+    assert isinstance(result.exception, AutoCompressError)
+    assert "unknown --method 'bogus'" in str(result.exception)
