@@ -307,7 +307,8 @@ def test_stage_code_follows_imports_including_the_ones_a_hand_list_missed():
                    "autocompress/verify.py", "autocompress/data/corpus.py",
                    "autocompress/costmodel/measure.py", "autocompress/hardware_specs.json"):
         assert needed in files
-    for unrelated in ("autocompress/distill.py", "autocompress/commands/search.py",
+    # (distill.py is needed: the Minitron stage ranks its top-k after a short distillation.)
+    for unrelated in ("autocompress/evaluation/suite.py", "autocompress/commands/search.py",
                       "tasks/distill.py"):
         assert unrelated not in files
 

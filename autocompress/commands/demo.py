@@ -28,7 +28,7 @@ def demo(
     from autocompress.commands.pipeline import run
 
     run(teacher="default", target="cpu-local/hf-eager/fp32", workload=workload,
-        budget_fraction=budget_fraction, baseline=baseline,
+        budget_fraction=budget_fraction, baseline=baseline, method="autocompress", seed=None,
         eval_tasks=None, eval_limit=eval_limit, register_as="autocompress-demo",
         no_register=False, store=None, experiment="autocompress-demo", no_track=False,
         refresh_cache=False,

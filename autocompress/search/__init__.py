@@ -4,7 +4,9 @@
 - ``masked``: the teacher's forward under masks (= the pruned model, exactly);
 - ``dnas``: Gumbel-softmax search with an augmented Lagrangian on cost budgets;
 - ``discretize``: exact repair to one architecture meeting every budget;
-- ``minitron``: the homogeneous Minitron baseline (parameter or matched target);
+- ``minitron``: the homogeneous Minitron baseline (parameter or matched target), with
+  ``selection`` (its top-k ranked after a short distillation);
+- ``ablations``: greedy repair from the teacher (no DNAS) and random search;
 - ``trajectory``: the search's per-step record as JSON and a plot;
 - ``run``: all of it end to end (what the CLI and the stages call).
 

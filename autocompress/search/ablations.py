@@ -35,12 +35,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
-from autocompress.search.budgets import budgets_from_limits
 from autocompress.search.discretize import (
     CostTables,
     choice_kl,
@@ -51,22 +49,17 @@ from autocompress.search.discretize import (
     teacher_logits,
 )
 from autocompress.search.measured import MeasuredRound
+from autocompress.search.run import (
+    RandomConfig,
+    SearchConfig,
+    SearchContext,
+    check_reachable,
+    final_check,
+    measured_loop,
+    raise_unreachable,
+    shared_report,
+)
 from autocompress.search.space import Choice, SearchSpace
-
-
-class RandomConfig(BaseModel):
-    """How the random-search ablation draws its candidates."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    candidates: int | None = Field(
-        default=None, ge=1,
-        description="Architectures scored (None = what the full search evaluates: DNAS steps "
-        "+ the most single-change scores its repair can take in this space).")
-    min_budget_use: float = Field(
-        default=0.8, ge=0, le=1,
-        description="Reject draws using less than this fraction of every budget.")
-    max_tries: int = Field(default=200_000, ge=1, description="Draws before relaxing the floor.")
 
 
 def search_evaluations(space: SearchSpace, dnas_steps: int, radius: int | None) -> int:
@@ -144,21 +137,11 @@ class AblationOutcome:
     details: dict[str, Any] = field(default_factory=dict)
     measured_rounds: list[MeasuredRound] = field(default_factory=list)
 
-    def report(self, ctx) -> dict[str, Any]:
+    def report(self, ctx: SearchContext) -> dict[str, Any]:
         return {
             "kind": self.method,
-            "teacher": ctx.teacher_dir,
-            "target": ctx.cost_model.target.name,
-            "cost_model": ctx.cost_model.version,
-            "workload": ctx.workload.model_dump(),
-            "limits": self.limits.model_dump(exclude_none=True),
-            "budgets": self.budgets,
-            "predicted": self.prediction.metrics(),
-            "teacher_predicted": ctx.teacher_costs(),
-            "margins": {c.metric: c.margin for c in self.checks},
-            "meets_limits": all(c.ok for c in self.checks),
-            "params": self.spec.num_params(),
-            "teacher_params": ctx.space.teacher.num_params(),
+            **shared_report(ctx, self.spec, self.limits, self.budgets, self.prediction,
+                            self.checks),
             "scored_candidates": self.scored_candidates,
             "seconds": self.seconds,
             "measured_rounds": [r.model_dump() for r in self.measured_rounds],
@@ -168,18 +151,20 @@ class AblationOutcome:
         }
 
 
-def run_greedy(ctx, limits: Limits, config) -> AblationOutcome:
-    """Repair from the teacher with every option scored there; the search's measured loop."""
-    from autocompress.search.run import (
-        check_reachable,
-        final_check,
-        measured_loop,
-        raise_unreachable,
-    )
+def _outcome(ctx: SearchContext, method: str, limits: Limits, budgets: dict[str, float],
+             spec: ArchSpec, rounds: list[MeasuredRound], started: float, scored: int,
+             details: dict[str, Any]) -> AblationOutcome:
+    prediction, checks = final_check(ctx, spec, limits)
+    return AblationOutcome(method=method, spec=spec, limits=limits, budgets=budgets,
+                           prediction=prediction, checks=checks,
+                           seconds={"total": time.perf_counter() - started},
+                           scored_candidates=scored, details=details, measured_rounds=rounds)
 
-    t0 = time.perf_counter()
-    budgets = budgets_from_limits(limits, ctx.workload)
-    check_reachable(ctx, limits, budgets)
+
+def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> AblationOutcome:
+    """Repair from the teacher with every option scored there; the search's measured loop."""
+    started = time.perf_counter()
+    budgets = check_reachable(ctx, limits)
     space, anchor = ctx.space, ctx.space.full_choice()
     scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config), radius=None)
     inner = dict(budgets)
@@ -191,31 +176,18 @@ def run_greedy(ctx, limits: Limits, config) -> AblationOutcome:
         return found
 
     found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
-                                   budgets, inner)
-    spec = space.spec_of(found.choice)
-    prediction, checks = final_check(ctx, spec, limits)
-    return AblationOutcome(
-        method="greedy", spec=spec, limits=limits, budgets=budgets, prediction=prediction,
-        checks=checks, seconds={"total": time.perf_counter() - t0},
-        scored_candidates=len(measured_job_list(space, anchor, None)) + 1,
-        details={"choice": found.choice.to_dict(), "repair_changes": found.changes,
-                 "per_hidden": found.per_hidden},
-        measured_rounds=rounds)
+                                  budgets, inner)
+    return _outcome(ctx, "greedy", limits, budgets, space.spec_of(found.choice), rounds,
+                    started, len(measured_job_list(space, anchor, None)) + 1,
+                    {"choice": found.choice.to_dict(), "repair_changes": found.changes,
+                     "per_hidden": found.per_hidden})
 
 
 @torch.no_grad()
-def run_random(ctx, limits: Limits, config) -> AblationOutcome:
+def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> AblationOutcome:
     """The best of ``config.random.candidates`` random architectures; the measured loop."""
-    from autocompress.search.run import (
-        check_reachable,
-        final_check,
-        measured_loop,
-        raise_unreachable,
-    )
-
-    t0 = time.perf_counter()
-    budgets = budgets_from_limits(limits, ctx.workload)
-    check_reachable(ctx, limits, budgets)
+    started = time.perf_counter()
+    budgets = check_reachable(ctx, limits)
     space = ctx.space
     tables = CostTables(ctx.costs, list(budgets))
     tables.check_memory(space.full_choice())  # exact memory if the fast mirror drifts
@@ -225,7 +197,6 @@ def run_random(ctx, limits: Limits, config) -> AblationOutcome:
     batches = ctx.score_batches(config)
     reference = teacher_logits(ctx.model, batches)
     kl = {choice: choice_kl(ctx.masked, choice, batches, reference) for choice in pool}
-    inner = dict(budgets)
 
     def pick(bounds):
         within = [c for c in pool if feasible(tables.evaluate(c), bounds)]
@@ -233,15 +204,10 @@ def run_random(ctx, limits: Limits, config) -> AblationOutcome:
             raise_unreachable(ctx, limits, budgets, as_measured=True)
         return min(within, key=lambda c: (kl[c], c.hidden, c.attention, c.ffn))
 
-    choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, inner)
-    spec = space.spec_of(choice)
-    prediction, checks = final_check(ctx, spec, limits)
+    choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, dict(budgets))
     ranked = sorted(kl.values())
-    return AblationOutcome(
-        method="random", spec=spec, limits=limits, budgets=budgets, prediction=prediction,
-        checks=checks, seconds={"total": time.perf_counter() - t0},
-        scored_candidates=len(pool),
-        details={"choice": choice.to_dict(), "kl": kl[choice], "sampling": drawn,
-                 "kl_of_candidates": {"min": ranked[0], "median": float(np.median(ranked)),
-                                      "max": ranked[-1]}},
-        measured_rounds=rounds)
+    return _outcome(ctx, "random", limits, budgets, space.spec_of(choice), rounds, started,
+                    len(pool), {"choice": choice.to_dict(), "kl": kl[choice], "sampling": drawn,
+                                "kl_of_candidates": {"min": ranked[0],
+                                                     "median": float(np.median(ranked)),
+                                                     "max": ranked[-1]}})

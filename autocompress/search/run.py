@@ -34,7 +34,6 @@ from autocompress.errors import AutoCompressError
 from autocompress.importance import CalibrationConfig, Importance
 from autocompress.limits import Limits
 from autocompress.progress import Bar
-from autocompress.search.ablations import RandomConfig
 from autocompress.search.budgets import budgets_from_limits, reachable_text, resolve_limits
 from autocompress.search.discretize import (
     Discretized,
@@ -61,6 +60,21 @@ METHODS = ("autocompress", "greedy", "random", "minitron")
 
 # Repair aims this far inside each budget so float rounding in predict() cannot flip it.
 SAFETY = 1e-9
+
+
+class RandomConfig(BaseModel):
+    """How the random-search ablation (``search.ablations``) draws its candidates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidates: int | None = Field(
+        default=None, ge=1,
+        description="Architectures scored (None = what the full search evaluates: DNAS steps "
+        "+ the most single-change scores its repair can take in this space).")
+    min_budget_use: float = Field(
+        default=0.8, ge=0, le=1,
+        description="Reject draws using less than this fraction of every budget.")
+    max_tries: int = Field(default=200_000, ge=1, description="Draws before relaxing the floor.")
 
 
 class SearchConfig(BaseModel):
@@ -220,18 +234,8 @@ class SearchOutcome:
         d = self.discretized
         return {
             "kind": "search",
-            "teacher": ctx.teacher_dir,
-            "target": ctx.cost_model.target.name,
-            "cost_model": ctx.cost_model.version,
-            "workload": ctx.workload.model_dump(),
-            "limits": self.limits.model_dump(exclude_none=True),
-            "budgets": self.budgets,
-            "predicted": self.prediction.metrics(),
-            "teacher_predicted": ctx.teacher_costs(),
-            "margins": {c.metric: c.margin for c in self.checks},
-            "meets_limits": all(c.ok for c in self.checks),
-            "params": self.spec.num_params(),
-            "teacher_params": space.teacher.num_params(),
+            **shared_report(ctx, self.spec, self.limits, self.budgets, self.prediction,
+                            self.checks),
             "choice": d.choice.to_dict(),
             "anchor": d.anchor.to_dict(),
             "anchor_costs": d.anchor_costs,
@@ -247,6 +251,25 @@ class SearchOutcome:
             "space": space.describe(),
             "arch": self.spec.to_dict(),
         }
+
+
+def shared_report(ctx: SearchContext, spec: ArchSpec, limits: Limits, budgets: dict[str, float],
+                  prediction, checks) -> dict[str, Any]:
+    """The fields of every limits-matched method's report (search, ablations)."""
+    return {
+        "teacher": ctx.teacher_dir,
+        "target": ctx.cost_model.target.name,
+        "cost_model": ctx.cost_model.version,
+        "workload": ctx.workload.model_dump(),
+        "limits": limits.model_dump(exclude_none=True),
+        "budgets": budgets,
+        "predicted": prediction.metrics(),
+        "teacher_predicted": ctx.teacher_costs(),
+        "margins": {c.metric: c.margin for c in checks},
+        "meets_limits": all(c.ok for c in checks),
+        "params": spec.num_params(),
+        "teacher_params": ctx.space.teacher.num_params(),
+    }
 
 
 @dataclass
@@ -302,9 +325,8 @@ def run_search(
     """DNAS + discretize/repair + final check. None if stopped early (resumable)."""
     config = config or SearchConfig()
     _need_costs(ctx)
-    budgets = budgets_from_limits(limits, ctx.workload)
+    budgets = check_reachable(ctx, limits)
     space, costs = ctx.space, ctx.costs
-    check_reachable(ctx, limits, budgets)
 
     data = ctx.calibration(config.dnas.seq_len)
     dnas = DNAS(ctx.masked, costs, budgets, config.dnas)
@@ -488,10 +510,14 @@ def final_check(ctx: SearchContext, spec: ArchSpec, limits: Limits):
     return prediction, checks
 
 
-def check_reachable(ctx: SearchContext, limits: Limits, budgets: dict[str, float]) -> None:
+def check_reachable(ctx: SearchContext, limits: Limits) -> dict[str, float]:
+    """The budgets of ``limits``; an error naming the smallest reachable costs when the
+    space cannot meet them."""
+    budgets = budgets_from_limits(limits, ctx.workload)
     smallest = smallest_reachable(ctx.space, ctx.costs, list(budgets))
     if any(smallest[m] > b for m, b in budgets.items()):
         raise_unreachable(ctx, limits, budgets, smallest)
+    return budgets
 
 
 def raise_unreachable(ctx, limits, budgets, smallest=None, as_measured=False) -> None:
@@ -583,6 +609,8 @@ def run_method(ctx: SearchContext, method: str, limits: Limits,
         return run_search(ctx, limits, config, progress=progress)
     if method == "minitron":
         return run_minitron(ctx, limits=limits, config=config, progress=progress)
+    if method in ("greedy", "random"):
+        _need_costs(ctx)
     if method == "greedy":
         return run_greedy(ctx, limits, config)
     if method == "random":
