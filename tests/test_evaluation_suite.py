@@ -213,3 +213,55 @@ def test_cli_eval_writes_json_and_prints_table(setup, tmp_path, monkeypatch):
     res = runner.invoke(app, ["eval", "--model", str(tmp_path / "missing")])
     assert isinstance(res.exception, AutoCompressError)
     assert "does not exist" in res.exception.message
+
+
+def test_context_reuse_scores_like_lm_eval_per_choice(setup):
+    # The suite scores a multiple-choice item's context once for all its choices
+    # (context_cache.ContextCachedLM); lm-eval's own path runs it once per choice.
+    mc = ",".join(LOCAL_TASKS)
+    per_choice = evaluate(setup["model"], setup["tok"], mc, corpus_dir=setup["corpus"],
+                          config=SMALL.model_copy(update={"reuse_context": False}),
+                          work_dir=setup["root"] / "work")
+    for name, entry in setup["result"]["tasks"].items():
+        for metric in ("score", "acc", "acc_norm"):  # whichever the task reports
+            assert entry.get(metric) == per_choice["tasks"][name].get(metric), (name, metric)
+
+
+def test_context_cache_matches_per_request_loglikelihoods():
+    # Request level, on a heterogeneous model with a removed attention block and
+    # continuations of different lengths; single requests and over-long pairs take
+    # lm-eval's path.
+    from autocompress.arch import ArchSpec
+    from autocompress.evaluation.harness import make_lm
+    from autocompress.modeling import build_model
+
+    spec = ArchSpec.uniform(num_layers=3, hidden_size=32, num_heads=4, num_kv_heads=2,
+                            intermediate_size=48, head_dim=8, vocab_size=96)
+    layers = list(spec.layers)
+    layers[1] = layers[1].model_copy(update={"attention": None})
+    model = build_model(spec.model_copy(update={"layers": layers}), None, seed=3).eval()
+    tok = PreTrainedTokenizerFast(tokenizer_object=_byte_level_tokenizer(96))
+    g = torch.Generator().manual_seed(0)
+
+    def ids(n):
+        return torch.randint(3, 96, (n,), generator=g).tolist()
+
+    requests = []
+    for context_len in (2, 9, 30):
+        context = ids(context_len)
+        requests += [((None, None), context, ids(n)) for n in (1, 3, 4, 7)]
+    requests.append(((None, None), ids(5), ids(2)))  # alone: lm-eval's path
+    long_context = ids(60)
+    requests += [((None, None), long_context, ids(n)) for n in (3, 8)]  # truncated at 64
+    with torch.inference_mode():
+        cached = make_lm(model, tok, batch_size=4, max_length=64)._loglikelihood_tokens(requests)
+        plain = make_lm(model, tok, batch_size=4, max_length=64,
+                        reuse_context=False)._loglikelihood_tokens(requests)
+    assert [g for _, g in cached] == [g for _, g in plain]
+    assert [ll for ll, _ in cached] == pytest.approx([ll for ll, _ in plain], abs=1e-4)
+
+
+def _byte_level_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, models
+
+    return Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))

@@ -42,7 +42,8 @@ def quiet_lm_eval() -> Iterator[None]:
 
 
 def make_lm(model: torch.nn.Module, tokenizer, *, batch_size: int = 16,
-            max_length: int | None = None, add_bos_token: bool | None = None):
+            max_length: int | None = None, add_bos_token: bool | None = None,
+            reuse_context: bool = True):
     """An lm-eval ``HFLM`` around an already-loaded model and tokenizer.
 
     ``backend="causal"`` is explicit so that lm-eval never looks the model type
@@ -50,8 +51,13 @@ def make_lm(model: torch.nn.Module, tokenizer, *, batch_size: int = 16,
     ``add_bos_token=False`` is what rolling log-likelihood needs: lm-eval
     already conditions the first token on the BOS/EOS prefix, so a tokenizer that
     also prepends BOS would count it twice.
+    ``reuse_context``: score a context shared by several continuations (the choices of
+    a multiple-choice item) once (``context_cache.ContextCachedLM``).
     """
     from lm_eval.models.huggingface import HFLM
+
+    if reuse_context:
+        from autocompress.evaluation.context_cache import ContextCachedLM as HFLM  # noqa: N814
 
     device = next(model.parameters()).device
     with quiet_lm_eval():

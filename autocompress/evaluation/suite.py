@@ -54,6 +54,9 @@ class EvalConfig(BaseModel):
     next_token_windows: int = Field(96, ge=1, description="held-out windows for next-token "
                                     "accuracy and loss")
     batch_size: int = Field(16, ge=1)
+    reuse_context: bool = Field(True, description="score a multiple-choice item's context "
+                                "once for all its choices (same scores, ~choices x fewer "
+                                "context tokens)")
     allow_code_execution: bool = False
 
 
@@ -209,7 +212,7 @@ class _SuiteRun:
                                           cfg.seed)
         self.details["task_files"] = {n: str(p) for n, p in files.items()}
         lm = harness.make_lm(self.model, self.tokenizer, batch_size=cfg.batch_size,
-                             max_length=self.context_len)
+                             max_length=self.context_len, reuse_context=cfg.reuse_context)
         loaded = harness.load_tasks([
             harness.multiple_choice_config(_LM_EVAL_PREFIX + n, p, self.work_dir / "hf-datasets")
             for n, p in files.items()])
@@ -254,7 +257,8 @@ class _SuiteRun:
     def standard_tasks(self, names: list[str], loaded: dict[str, Any]) -> None:
         """lm-eval's own benchmarks, with the model's full context length."""
         cfg = self.cfg
-        lm = harness.make_lm(self.model, self.tokenizer, batch_size=cfg.batch_size)
+        lm = harness.make_lm(self.model, self.tokenizer, batch_size=cfg.batch_size,
+                             reuse_context=cfg.reuse_context)
         with _env({"HF_ALLOW_CODE_EVAL": "1"} if cfg.allow_code_execution else {}):
             out = self.stages.run("standard benchmarks (lm-eval)", harness.run, lm, loaded,
                                   limit=self.limit,
