@@ -58,7 +58,7 @@ COMPRESS_STEPS: list[Step] = [
     Step("corpus", prepare_corpus, corpus_dir="corpus_dir"),
     Step("profile", profile_target, target="target", machine="machine"),              # 1
     Step("costmodel", fit_costmodel, target="target", teacher="teacher", profile="profile",
-         options="costmodel_options"),                                                # 2
+         options="costmodel_options", workload="workload"),                           # 2
     Step("validation", validate_costmodel, costmodel="costmodel", teacher="teacher",
          workload="workload", options="validation_options"),                          # 3 gate
     Step("limits", resolve_limits, teacher="teacher", costmodel="costmodel",

@@ -21,7 +21,8 @@ from tasks.stage import StageContext, stage
 class FitOptions(BaseModel):
     """Arguments of ``costmodel.fit.fit_cost_model`` the flow exposes."""
 
-    workloads: list[str] | None = None
+    workloads: list[str] | None = Field(None, description="default: the run's workload (a "
+                                        "flow that names none: the CPU presets)")
     n_probes: int = 20
     repeats: int = 3
     warmup: int = 1
@@ -91,8 +92,14 @@ def _workloads(names: list[str] | None, default: str):
 
 @stage("costmodel", retries=1)
 def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile: ArtifactRef,
-                  options: dict | None = None) -> ArtifactRef:
-    """Fit the cost model on measured probes (measurable targets) or take the analytic one."""
+                  options: dict | None = None, workload: str | None = None) -> ArtifactRef:
+    """Fit the cost model on measured probes (measurable targets) or take the analytic one.
+
+    ``workload``: the run's workload, fitted alone unless ``options.workloads`` says
+    otherwise: every probe is timed on every fitted workload in lockstep with the
+    teacher-shaped reference, so each extra workload multiplies the fit's time, and a
+    run predicts, searches and verifies on its own workload only.
+    """
     from autocompress.costmodel import CostModel, Target
     from autocompress.costmodel.fit import fit_cost_model
 
@@ -101,7 +108,8 @@ def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile:
     ctx.log_params({"target": parsed.name, "fit": opts.model_dump()})
     metrics: dict[str, float] = {}
     if parsed.measurable:
-        workloads = _workloads(opts.workloads, "") if opts.workloads else None  # None: fit's
+        names = opts.workloads or ([workload] if workload else None)
+        workloads = _workloads(names, "") if names else None  # None: the fit's CPU presets
         model, rows = fit_cost_model(parsed, _teacher_config(ctx, teacher), workloads=workloads,
                                      n_probes=opts.n_probes, repeats=opts.repeats,
                                      warmup=opts.warmup, seed=opts.seed, paired=opts.paired,

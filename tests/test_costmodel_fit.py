@@ -78,3 +78,14 @@ def test_fit_from_rows_reproduces_a_known_model():
     workload = get_workload("interactive-cpu")
     assert fitted.decode_latency(fresh, workload) == pytest.approx(
         truth.decode_latency(fresh, workload), rel=1e-3)
+
+
+def test_timing_reference_is_the_first_layers_of_a_deep_teacher():
+    from autocompress.costmodel.probes import REFERENCE_MAX_LAYERS, timing_reference_spec
+
+    assert timing_reference_spec(REFERENCE) == REFERENCE  # small teachers: their own shape
+    deep = REFERENCE.model_copy(update={"layers": REFERENCE.layers * 8, "hidden_size": 512})
+    reference = timing_reference_spec(deep)
+    assert reference.num_layers == REFERENCE_MAX_LAYERS < deep.num_layers
+    assert reference.layers == deep.layers[:REFERENCE_MAX_LAYERS]
+    assert (reference.hidden_size, reference.vocab_size) == (512, deep.vocab_size)

@@ -46,7 +46,7 @@ from autocompress.costmodel.measure import (
     timing_reference,
 )
 from autocompress.costmodel.model import CostModel, FitReport, now_iso
-from autocompress.costmodel.probes import ProbeSampler
+from autocompress.costmodel.probes import ProbeSampler, timing_reference_spec
 from autocompress.costmodel.target import Target
 from autocompress.costmodel.workload import PRESETS, Workload
 from autocompress.errors import AutoCompressError
@@ -337,7 +337,8 @@ def fit_cost_model(
     ``statistic``: fit the median timings (default) or their floor (10th
     percentile; estimates the uncontended speed on a busy machine).
     ``paired``: time every probe in lockstep with the base architecture (random
-    weights), the reference, which the saved model records (``costmodel.measure``).
+    weights; its first layers for a deep one, ``probes.timing_reference_spec``), the
+    reference, which the saved model records (``costmodel.measure``).
     """
     if not target.measurable:
         raise AutoCompressError(
@@ -353,13 +354,14 @@ def fit_cost_model(
     space = ProbeSampler.around(base_spec)
     specs = space.probe_specs(n_probes, seed=seed)
     dtype = torch.bfloat16 if target.dtype == "bf16" else torch.float32
-    reference = timing_reference(base_spec, dtype) if paired else None
+    reference_spec = timing_reference_spec(base_spec) if paired else None
+    reference = timing_reference(reference_spec, dtype) if reference_spec else None
     rows = measure_probes(specs, base_config, workloads, repeats, warmup, seed, progress, dtype,
                           reference, target)
     model = fit_from_rows(target, rows, statistic)
     report = fit_report(model, rows, statistic, n_probes=len(specs), workloads=workloads,
                         seconds=time.perf_counter() - start,
-                        reference_spec=base_spec if paired else None)
+                        reference_spec=reference_spec)
     if target.engine.name == "llama.cpp":
         report.threads = target.threads
     return model.model_copy(update={"fit": report}), rows

@@ -22,6 +22,12 @@ from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 # all samples full depth, a narrow cost range in which a ranking says little.)
 MAX_REMOVAL = 0.6
 
+# Layers of the paired-timing reference (``costmodel.measure``). The reference only has
+# to live through the same phase of the machine as each probe, so its size is free; a
+# teacher-sized one made every probe run cost a whole teacher run on top (30 layers for
+# SmolLM2-135M). The default teacher (8 layers) keeps its own shape.
+REFERENCE_MAX_LAYERS = 8
+
 
 @dataclass(frozen=True)
 class ProbeSampler:
@@ -93,6 +99,14 @@ class ProbeSampler:
         if len(probes) < count:
             probes += self.sample_spread(count - len(probes), random.Random(seed))
         return probes
+
+
+def timing_reference_spec(base: ArchSpec, max_layers: int = REFERENCE_MAX_LAYERS) -> ArchSpec:
+    """The reference a fit times against: ``base``'s first ``max_layers`` layers (all of a
+    smaller model). The fit records it; validation and ``verify`` time against the same."""
+    if base.num_layers <= max_layers:
+        return base
+    return base.model_copy(update={"layers": list(base.layers[:max_layers])})
 
 
 def default_base_config() -> Any:

@@ -38,7 +38,7 @@ from autocompress.costmodel.measure import (
     timing_reference,
 )
 from autocompress.costmodel.model import CostModel
-from autocompress.costmodel.probes import ProbeSampler
+from autocompress.costmodel.probes import ProbeSampler, timing_reference_spec
 from autocompress.costmodel.workload import Workload
 
 SCORED = {"ttft": "ttft_ms", "tpot": "tpot_ms", "memory": "memory_gb"}
@@ -159,8 +159,9 @@ def validation_reference(model: CostModel, base: ArchSpec) -> torch.nn.Module | 
     fit = model.fit
     if fit is not None and fit.timing != "paired":
         return None
-    spec = fit.reference_spec if fit is not None and fit.reference_spec else base
-    return timing_reference(spec)
+    if fit is not None and fit.reference_spec:
+        return timing_reference(fit.reference_spec)
+    return timing_reference(timing_reference_spec(base))
 
 
 def score_measurements(
