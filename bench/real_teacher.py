@@ -9,12 +9,17 @@ Three parts, each adding its section to ``--out`` (JSON) and printing a table:
 - ``cache``: distillation speed of one SmolLM2 student, tokens/s with the teacher
   run live and with its cached top-k outputs (plus the one-off cost of building
   them), and the bf16-vs-fp32 timing that picked the precision.
-- ``flow``: the stages of a finished ``autocompress run --teacher smollm2-135m ...``
+- ``run``: the README's command, ``autocompress run --teacher smollm2-135m --target
+  cpu-local/hf-eager/fp32 --workload interactive-cpu --budget-fraction 0.5`` (the
+  compress flow through the CLI, in a subprocess), timed end to end; then ``verify``
+  of the registered model on the target (the CLI again, with the limits and the cost
+  model from its lineage) and the ``flow`` part below.
+- ``flow``: the stages of the latest ``autocompress run --teacher smollm2-135m ...``
   read back from MLflow (wall time per stage, search time, distillation tokens and
-  time, scores before/after distillation, the share of the loss recovered). Run the
-  flow first (see the README); this part does not start one.
+  time, scores before/after distillation, the share of the loss recovered).
 
-    nice -n 10 python bench/real_teacher.py scores cache flow --limit 100
+    flock /tmp/measure.lock nice -n 5 python bench/real_teacher.py run
+    nice -n 10 python bench/real_teacher.py scores cache --limit 100
 
 Timings on a shared host move with its load: every section records ``uptime``.
 """
@@ -25,6 +30,8 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -161,6 +168,64 @@ def part_cache(args) -> dict[str, Any]:
             "machine": _machine(), "runs": runs}
 
 
+# ------------------------------------------------------------------ run
+
+
+def part_run(args) -> dict[str, Any]:
+    """The README's ``autocompress run`` on SmolLM2, timed; then verify what it registered."""
+    command = [sys.executable, "-m", "autocompress.cli", "run", "--teacher", TEACHER,
+               "--target", args.target, "--workload", args.workload,
+               "--budget-fraction", str(args.budget_fraction), "--register-as", args.register_as,
+               "--experiment", args.experiment]
+    if args.options:
+        command += ["--options", args.options]
+    if args.limit is not None:
+        command += ["--eval-limit", str(args.limit)]
+    out: dict[str, Any] = {"command": " ".join(command[1:]), "machine": _machine(),
+                           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    started = time.perf_counter()
+    code = subprocess.run(command, check=False).returncode
+    out.update(wall_seconds=round(time.perf_counter() - started, 1), exit_code=code,
+               loadavg_after=_load())
+    print(f"autocompress run: exit {code} after {out['wall_seconds'] / 60:.1f} min")
+    if code == 0:
+        out["verify"] = _verify_registered(args)
+    out["flow"] = part_flow(args)
+    return out
+
+
+def _verify_registered(args) -> dict[str, Any]:
+    """``autocompress verify`` of the newest registered version, against its lineage's
+    limits and cost model (exit code 0 = every limit met when measured)."""
+    from autocompress.artifacts import fetch
+    from autocompress.tracking import lineage
+
+    report = lineage(args.register_as)
+    info = report.lineage
+    model_dir = fetch(info.artifacts["model"])
+    costmodel = fetch(info.artifacts["costmodel"])
+    costmodel = costmodel / "costmodel.json" if costmodel.is_dir() else costmodel
+    flags = {"max_ttft_ms": "--max-ttft-ms", "max_tpot_ms": "--max-tpot-ms",
+             "max_e2e_ms": "--max-e2e-ms", "min_throughput_tok_s": "--min-throughput",
+             "max_memory_gb": "--max-memory-gb"}
+    command = [sys.executable, "-m", "autocompress.cli", "verify", "--model", str(model_dir),
+               "--target", args.target, "--workload", args.workload,
+               "--cost-model", str(costmodel)]
+    for key, value in info.limits.items():
+        command += [flags[key], str(value)]
+    json_out = Path(args.work) / "real-teacher-verify.json"
+    started = time.perf_counter()
+    code = subprocess.run([*command, "--json", str(json_out)], check=False).returncode
+    out = {"registered": f"{args.register_as}@{report.version}", "limits": info.limits,
+           "exit_code": code, "passed": code == 0,
+           "seconds": round(time.perf_counter() - started, 1), "loadavg": _load()}
+    if json_out.exists():
+        out["report"] = json.loads(json_out.read_text())
+    print(f"verify {out['registered']} on {args.target}: "
+          f"{'passed' if code == 0 else f'FAILED (exit {code})'}")
+    return out
+
+
 # ------------------------------------------------------------------ flow
 
 
@@ -211,13 +276,14 @@ def _recovery(stages: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-PARTS = {"scores": part_scores, "cache": part_cache, "flow": part_flow}
+PARTS = {"scores": part_scores, "cache": part_cache, "run": part_run, "flow": part_flow}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="+", choices=sorted(PARTS))
-    parser.add_argument("--limit", type=int, default=None, help="items per task (scores)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="items per task (scores; run: --eval-limit)")
     parser.add_argument("--eval-json", action="append", default=[], metavar="NAME=FILE",
                         help="scores: take NAME's results from `autocompress eval --json`")
     parser.add_argument("--cache-steps", type=int, default=8)
@@ -225,6 +291,11 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--experiment", default="autocompress")
+    parser.add_argument("--target", default="cpu-local/hf-eager/fp32", help="run")
+    parser.add_argument("--workload", default="interactive-cpu", help="run")
+    parser.add_argument("--budget-fraction", type=float, default=0.5, help="run")
+    parser.add_argument("--register-as", default="smollm2-135m-compressed", help="run")
+    parser.add_argument("--options", default=None, help="run: the CLI's --options (JSON)")
     parser.add_argument("--work", default="/tmp")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
