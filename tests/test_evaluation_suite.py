@@ -78,6 +78,16 @@ def test_result_has_the_documented_keys(setup, tmp_path):
     assert result["mc_chance_mean"] == pytest.approx(0.25)
     assert result["mc_mean"] == pytest.approx(
         sum(e["score"] for e in result["tasks"].values()) / 4)
+    # Per-item scores (for paired comparisons): each item's metric, by the item's id.
+    per_item = result["per_item"]
+    assert set(per_item) == {*result["tasks"], "heldout_loss"}
+    for name, entry in result["tasks"].items():
+        items = per_item[name]
+        assert len(items) == SMALL.num_items and set(items.values()) <= {0.0, 1.0}
+        assert sum(items.values()) / len(items) == pytest.approx(entry["score"])
+    windows = list(per_item["heldout_loss"].values())
+    assert len(windows) == SMALL.next_token_windows
+    assert sum(windows) / len(windows) == pytest.approx(result["heldout_loss"], rel=1e-5)
     path = write_json(result, tmp_path / "out" / "eval.json")
     assert json.loads(path.read_text())["tasks"].keys() == result["tasks"].keys()
     assert not list(path.parent.glob("*.tmp*"))

@@ -99,6 +99,7 @@ class TokenMetrics(BaseModel):
     accuracy_stderr: float | None
     tokens: int
     windows: int
+    window_loss: list[float] = []  # per window, in order (the per-item scores)
 
 
 _WINDOW_CACHE: dict[tuple, torch.Tensor] = {}
@@ -133,9 +134,12 @@ def _stderr(values: torch.Tensor) -> float | None:
 
 
 @torch.inference_mode()
-def token_metrics(model: torch.nn.Module, windows: torch.Tensor, batch_size: int = 8,
-                  progress=None) -> TokenMetrics:
-    """Mean next-token cross-entropy and argmax accuracy over ``windows`` [N, T]."""
+def window_scores(model: torch.nn.Module, windows: torch.Tensor, batch_size: int = 8,
+                  progress=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per window of ``windows`` [N, T]: mean next-token cross-entropy and argmax accuracy.
+
+    The per-item scores of the held-out split (paired comparisons resample windows).
+    """
     if windows.numel() == 0 or windows.shape[1] < 2:
         raise AutoCompressError("no held-out tokens to evaluate on",
                                 "check the corpus (`autocompress data prepare`)")
@@ -153,11 +157,18 @@ def token_metrics(model: torch.nn.Module, windows: torch.Tensor, batch_size: int
         if progress is not None:
             progress()
     model.train(was_training)
-    loss, acc = torch.cat(losses), torch.cat(accs)
+    return torch.cat(losses), torch.cat(accs)
+
+
+def token_metrics(model: torch.nn.Module, windows: torch.Tensor, batch_size: int = 8,
+                  progress=None) -> TokenMetrics:
+    """Mean next-token cross-entropy and argmax accuracy over ``windows`` [N, T]."""
+    loss, acc = window_scores(model, windows, batch_size, progress)
     return TokenMetrics(
         loss=float(loss.mean()), loss_stderr=_stderr(loss),
         accuracy=float(acc.mean()), accuracy_stderr=_stderr(acc),
         tokens=int(windows.shape[0] * (windows.shape[1] - 1)), windows=int(windows.shape[0]),
+        window_loss=[round(float(x), 6) for x in loss],
     )
 
 

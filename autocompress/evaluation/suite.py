@@ -7,7 +7,13 @@
      "mc_mean", "mc_mean_stderr", "mc_chance_mean",
      "bits_per_byte", "bits_per_byte_stderr",
      "next_token_acc", "next_token_acc_stderr", "heldout_loss", "heldout_loss_stderr",
+     "per_item": {TASK: {ITEM_ID: score}, "heldout_loss": {WINDOW: loss}},
      "details": {...inputs, fingerprints, timings...}}
+
+``per_item`` holds every local multiple-choice item's score (the task's metric, by
+the item's id) and every held-out window's loss (by its index in the seeded order),
+so two models evaluated with the same settings can be compared item by item
+(``autocompress.stats``). lm-eval's own benchmarks record no per-item scores yet.
 
 ``mc_mean`` is the unweighted mean score of the multiple-choice tasks that ran
 (local and standard); its stderr combines the tasks' stderrs as independent.
@@ -196,6 +202,7 @@ class _SuiteRun:
     result: dict[str, Any] = dataclasses.field(
         default_factory=lambda: {"model": None, "tasks": {}})
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    per_item: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def context_len(self) -> int:
@@ -217,11 +224,13 @@ class _SuiteRun:
             harness.multiple_choice_config(_LM_EVAL_PREFIX + n, p, self.work_dir / "hf-datasets")
             for n, p in files.items()])
         out = self.stages.run("multiple choice (lm-eval)", harness.run, lm, loaded,
-                              limit=self.limit)
+                              limit=self.limit, log_samples=True)
         for name in names:
             spec = mc_tasks.TASKS[name]
             self.result["tasks"][name] = _mc_entry(out, _LM_EVAL_PREFIX + name, spec.chance,
                                                    spec.metric)
+            self.per_item[name] = _item_scores(out["samples"][_LM_EVAL_PREFIX + name],
+                                               spec.metric)
 
     def heldout_metrics(self, corpus: Path, docs) -> None:
         """Bits per byte through lm-eval; next-token accuracy and loss with torch."""
@@ -252,6 +261,7 @@ class _SuiteRun:
         self.result["next_token_acc"] = tm.accuracy
         self.result["next_token_acc_stderr"] = tm.accuracy_stderr
         self.result["heldout_loss"], self.result["heldout_loss_stderr"] = tm.loss, tm.loss_stderr
+        self.per_item["heldout_loss"] = {str(i): x for i, x in enumerate(tm.window_loss)}
         self.details["next_token"] = {"tokens": tm.tokens, "windows": tm.windows}
 
     def standard_tasks(self, names: list[str], loaded: dict[str, Any]) -> None:
@@ -280,8 +290,14 @@ class _SuiteRun:
                     "next_token_acc_stderr", "heldout_loss", "heldout_loss_stderr"):
             result.setdefault(key, None)
         self.details["timings_s"] = self.stages.timings if self.stages else {}
+        result["per_item"] = self.per_item
         result["details"] = self.details
         return result
+
+
+def _item_scores(samples: list[dict], metric: str) -> dict[str, float]:
+    """Per item of lm-eval's logged samples: its ``metric``, keyed by the item's own id."""
+    return {str(s["doc"]["id"]): float(s[metric]) for s in samples}
 
 
 def _quietly(fn, *args):
