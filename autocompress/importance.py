@@ -13,8 +13,23 @@ accumulated in fp32 (arXiv 2407.14679, 2408.11796):
 - Depth: per layer and per sub-block ``1 − cos(h_in, h_out)`` of the residual
   stream (mean over tokens), and the loss increase when the block is removed.
 
-Sorting once gives nested prefix orders (``ffn_order``, ``head_order``, ...): the
-search decides *how many* to keep, pruning takes the top ones.
+Two criteria rank neurons, heads and hidden channels (``criterion``):
+
+- ``activation``: the forward-only scores above (Minitron).
+- ``taylor``: first-order Taylor of the language-modelling loss, the magnitude of
+  ``w · ∂L/∂w`` summed over every weight that leaves with the unit: an FFN neuron's
+  rows of ``gate_proj``/``up_proj`` and column of ``down_proj``; a query head's rows
+  of ``q_proj`` and columns of ``o_proj``; a hidden channel's column of every
+  projection reading the residual stream, row of every projection writing it, its
+  embedding (and untied LM-head) column and its RMSNorm weights. The gradient is
+  summed over the calibration batches before the product (the loss change of the
+  whole calibration set). The loss is next-token cross-entropy: on the teacher
+  itself a distillation loss (KL to the teacher) is zero with a zero gradient.
+  ``bench/importance_criteria.py`` measures the two against each other.
+
+Depth scores are the same for both criteria. Sorting once gives nested prefix
+orders (``ffn_order``, ``head_order``, ...): the search decides *how many* to keep,
+pruning takes the top ones.
 """
 
 from __future__ import annotations
@@ -25,7 +40,7 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel
@@ -40,6 +55,11 @@ from autocompress.modeling.blocks import decoder_layers
 
 FORMAT = "autocompress-importance/1"
 DEPTH_METRICS = ("cosine", "loss")
+CRITERIA = ("activation", "taylor")
+Criterion = Literal["activation", "taylor"]
+# The criterion the flows, the CLI and the search use unless told otherwise
+# (chosen by bench/importance_criteria.py; see the README's importance figures).
+DEFAULT_CRITERION: Criterion = "activation"
 
 
 @dataclass
@@ -259,13 +279,19 @@ def compute_importance(
     batches: Iterable[torch.Tensor],
     *,
     removal_batches: int = 2,
+    criterion: Criterion = DEFAULT_CRITERION,
     progress: bool = False,
 ) -> Importance:
     """Score ``model`` on calibration ``batches`` (LongTensor [B, T] each).
 
     ``removal_batches``: how many of the batches to use for loss-on-removal
     (one forward pass per layer and sub-block per batch; 0 skips it).
+    ``criterion``: ``activation`` or ``taylor`` for neurons, heads and hidden
+    channels (see the module doc); depth scores are the same for both.
     """
+    if criterion not in CRITERIA:
+        raise AutoCompressError(f"unknown importance criterion {criterion!r}",
+                                hint=f"use one of {', '.join(CRITERIA)}")
     from autocompress.modeling import arch_spec_of
 
     arch = arch_spec_of(model)
@@ -279,11 +305,14 @@ def compute_importance(
     model.eval()
     try:
         stats = _activation_pass(model, arch, batches, device, progress)
+        if criterion == "taylor":
+            stats.update(_taylor_pass(model, arch, batches, device, progress))
         removal = _removal_pass(model, arch, batches[:removal_batches], device, progress)
     finally:
         model.train(was_training)
     num_tokens = sum(b.numel() for b in batches)
-    return Importance(arch=arch, num_tokens=num_tokens, **stats, **removal)
+    return Importance(arch=arch, num_tokens=num_tokens, meta={"criterion": criterion},
+                      **stats, **removal)
 
 
 def _activation_pass(model, arch: ArchSpec, batches, device, progress: bool) -> dict[str, Any]:
@@ -386,6 +415,69 @@ def _activation_pass(model, arch: ArchSpec, batches, device, progress: bool) -> 
         "attention_cosine": cos_tensor(cos_attn),
         "ffn_cosine": cos_tensor(cos_ffn),
     }
+
+
+def _taylor_pass(model, arch: ArchSpec, batches, device, progress: bool) -> dict[str, Any]:
+    """First-order Taylor scores |w · ∂L/∂w| per FFN neuron, query head and hidden channel."""
+    params = [p for p in model.parameters()]
+    wanted = [p.requires_grad for p in params]
+    saved = [p.grad for p in params]
+    for p in params:
+        p.requires_grad_(True)
+        p.grad = None
+    try:
+        for ids in _progress(batches, "importance: gradients", progress):
+            ids = ids.to(device)
+            logits = model(ids, use_cache=False).logits.float()
+            nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+            ).backward()
+        return _taylor_scores(model, arch)
+    finally:
+        for p, req, grad in zip(params, wanted, saved, strict=True):
+            p.grad = grad
+            p.requires_grad_(req)
+
+
+def _saliency(linear: nn.Module) -> torch.Tensor:
+    """|w · g| of a weight (zeros where it got no gradient), in fp32."""
+    weight = linear.weight
+    if weight.grad is None:
+        return torch.zeros_like(weight, dtype=torch.float32)
+    return (weight.detach().float() * weight.grad.float()).abs()
+
+
+def _taylor_scores(model, arch: ArchSpec) -> dict[str, Any]:
+    head_dim = arch.head_dim
+    ffn: list[torch.Tensor | None] = []
+    heads: list[torch.Tensor | None] = []
+    hidden = torch.zeros(arch.hidden_size)
+    for i, layer in enumerate(decoder_layers(model)):
+        spec = arch.layers[i]
+        if spec.ffn is None:
+            ffn.append(None)
+        else:
+            mlp = layer.mlp
+            gate, up, down = (_saliency(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+            ffn.append((gate.sum(1) + up.sum(1) + down.sum(0)).cpu())
+            hidden += (gate.sum(0) + up.sum(0) + down.sum(1)).cpu()
+            hidden += _saliency(layer.post_attention_layernorm).cpu()
+        if spec.attention is None:
+            heads.append(None)
+        else:
+            attn = layer.self_attn
+            q, k, v, o = (_saliency(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                   attn.o_proj))
+            per_head = q.sum(1).view(-1, head_dim).sum(1) + o.sum(0).view(-1, head_dim).sum(1)
+            heads.append(per_head.cpu())
+            hidden += (q.sum(0) + k.sum(0) + v.sum(0) + o.sum(1)).cpu()
+            hidden += _saliency(layer.input_layernorm).cpu()
+    base = model.model
+    hidden += _saliency(base.embed_tokens).sum(0).cpu() + _saliency(base.norm).cpu()
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is not base.embed_tokens.weight:
+        hidden += _saliency(head).sum(0).cpu()
+    return {"ffn": ffn, "heads": heads, "hidden": hidden}
 
 
 def _removal_pass(model, arch: ArchSpec, batches, device, progress: bool) -> dict[str, Any]:
@@ -500,6 +592,7 @@ class CalibrationConfig(BaseModel):
     num_batches: int = 16
     removal_batches: int = 2
     seed: int = 0
+    criterion: Criterion = DEFAULT_CRITERION  # how neurons, heads and channels are ranked
 
 
 def calibration_batches(tokenizer, calib: CalibrationConfig) -> list[torch.Tensor]:
@@ -540,7 +633,8 @@ def importance_for_checkpoint(
         )
     batches = calibration_batches(tokenizer, calib)
     importance = compute_importance(
-        model, batches, removal_batches=calib.removal_batches, progress=progress
+        model, batches, removal_batches=calib.removal_batches, criterion=calib.criterion,
+        progress=progress,
     )
     importance.meta.update({"model": str(model_dir), "calibration": calib.model_dump()})
     if out_path is not None:

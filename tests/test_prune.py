@@ -45,7 +45,8 @@ def test_importance_is_invariant_to_batch_split():
     torch.testing.assert_close(split.heads[2], whole.heads[2])
 
 
-def test_dead_units_score_zero_and_rank_last():
+@pytest.mark.parametrize("criterion", ["activation", "taylor"])
+def test_dead_units_score_zero_and_rank_last(criterion):
     model = tiny_model("qwen3", gqa_ratio=2)
     layer = model.model.layers[1]
     with torch.no_grad():
@@ -54,12 +55,42 @@ def test_dead_units_score_zero_and_rank_last():
         for norm in [m for n, m in model.named_modules() if n.endswith("norm") and "_" in n]:
             norm.weight[7] = 0.0  # hidden channel 7 is zero after every layer norm
         model.model.norm.weight[7] = 0.0
-    imp = compute_importance(model, _batches(), removal_batches=0)
+    imp = compute_importance(model, _batches(), removal_batches=0, criterion=criterion)
+    assert imp.meta["criterion"] == criterion
     assert imp.ffn[1][5] == 0 and imp.ffn_order(1)[-1] == 5
     assert torch.all(imp.heads[1][2:] == 0) and torch.all(imp.heads[1][:2] > 0)
     assert imp.kv_group_order(1).tolist() == [0, 1]
-    assert imp.hidden[7] == 0 and imp.hidden_order()[-1] == 7
+    assert imp.hidden_order()[-1] == 7
+    # Channel 7 still moves the RMS of the residual stream, so only its activation is 0.
+    assert imp.hidden[7] == 0 if criterion == "activation" else imp.hidden[7] > 0
     assert imp.head_order(1).shape == (2, 2) and set(imp.head_order(1)[1].tolist()) == {2, 3}
+    assert all(p.grad is None for p in model.parameters())  # no gradients left behind
+
+
+def test_taylor_ranks_by_the_loss_change_and_leaves_the_model_as_it_was():
+    model = tiny_model("llama")
+    flags = [p.requires_grad_(i % 2 == 0).requires_grad for i, p in enumerate(model.parameters())]
+    batches = _batches()
+    imp = compute_importance(model, batches, removal_batches=0, criterion="taylor")
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert all(p.grad is None for p in model.parameters())
+    # The first-order estimate of removing each FFN neuron of layer 0 vs the real change:
+    # the most and least important by Taylor differ in loss change the same way.
+    from autocompress.importance import mean_loss
+
+    base = mean_loss(model, batches, "cpu")
+    down = model.model.layers[0].mlp.down_proj.weight
+    changes = []
+    for j in (int(imp.ffn_order(0)[0]), int(imp.ffn_order(0)[-1])):
+        saved = down[:, j].clone()
+        with torch.no_grad():
+            down[:, j] = 0
+        changes.append(abs(mean_loss(model, batches, "cpu") - base))
+        with torch.no_grad():
+            down[:, j] = saved
+    assert changes[0] > changes[1]
+    with pytest.raises(AutoCompressError, match="unknown importance criterion"):
+        compute_importance(model, batches, criterion="magnitude")
 
 
 def test_identity_layer_has_zero_depth_importance():

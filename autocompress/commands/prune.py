@@ -41,11 +41,16 @@ def importance_command(
         "per layer per batch).",
     ),
     seed: int = typer.Option(0, help="Seed for the order of calibration sequences."),
+    criterion: str = typer.Option(
+        None, help="How neurons, heads and channels are ranked: activation (forward only, "
+        "Minitron) or taylor (|w·dL/dw|, one backward pass per batch). Default: the project's "
+        "default (see the README).",
+    ),
 ) -> None:
     """Compute Minitron importance (neurons, heads, KV groups, hidden channels, depth).
 
-    Forward passes only, activations in fp32; the file is reused by `autocompress prune
-    --importance` and by the search.
+    Activations in fp32 (and gradients for --criterion taylor); the file is reused by
+    `autocompress prune --importance` and by the search.
     """
     from rich.console import Console
 
@@ -58,6 +63,7 @@ def importance_command(
         num_batches=batches,
         removal_batches=removal_batches,
         seed=seed,
+        **({"criterion": criterion} if criterion else {}),
     )
     imp = importance_for_checkpoint(model, calib, out_path=out)
     console = Console()

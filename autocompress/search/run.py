@@ -173,6 +173,7 @@ class SearchContext:
             batches = calibration_batches(tokenizer, calib.model_copy(
                 update={"corpus_dir": str(corpus)}))
             importance = compute_importance(model, batches, removal_batches=calib.removal_batches,
+                                            criterion=calib.criterion,
                                             progress=progress and _interactive())
         elif not isinstance(importance, Importance):
             importance = Importance.load(importance)
