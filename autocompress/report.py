@@ -1,4 +1,4 @@
-"""Comparison report: AutoCompress vs the matched Minitron baseline (issue 8).
+"""Comparison report: AutoCompress vs the fair Minitron baseline and the ablations.
 
 Everything here reads the JSON written by ``bench/compare.py``
 (``results/compare.json``) and nothing else, so the report, the plots and the
@@ -11,16 +11,24 @@ README table can always be regenerated from the numbers, never typed by hand.
   TPOT / throughput / memory; per-layer architecture heatmaps; cost-model
   predicted vs measured for every final model).
 
-Shape of ``data`` (see ``bench/compare.py``): ``teacher.scores``, ``teacher.arch``,
-and ``runs[]`` with ``preset``, ``budget_fraction``, ``main_metric``, ``limits``,
-``teacher_verify`` and ``methods.{autocompress,minitron}`` each holding ``arch``,
-``params``, ``predicted``, ``measured``, ``noise``, ``verify_ok``, ``scores``.
+Shape of ``data`` (see ``bench/compare.py``, version 3): ``teacher.scores``,
+``teacher.arch``, ``baseline`` (the method others are compared with), and ``runs[]``
+with ``preset``, ``budget_fraction``, ``main_metric``, ``limits``, ``teacher_verify``
+and ``methods.<name>`` = ``{"seeds": [entry, ...], "failed": {seed: reason}}``, each
+entry holding ``seed``, ``arch``, ``params``, ``predicted``, ``measured``, ``noise``,
+``verify_ok``, ``scores`` and ``per_item`` (``{task: {item id: score}}``). Version 2
+files (one entry per method, ``failed_methods``) read as one seed each.
+
+Accuracy differences between methods are paired by item: the multiple-choice
+items both scored, with a bootstrap 95% interval over items and seeds
+(``autocompress.stats``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +36,17 @@ from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-METHOD_LABELS = {"autocompress": "AutoCompress", "minitron": "Minitron"}
-METHOD_COLORS = {"teacher": "black", "autocompress": "tab:red", "minitron": "tab:blue"}
+METHOD_LABELS = {"autocompress": "AutoCompress", "minitron": "Minitron",
+                 "greedy": "greedy (no DNAS)", "random": "random search"}
+METHOD_COLORS = {"teacher": "black", "autocompress": "tab:red", "minitron": "tab:blue",
+                 "greedy": "tab:green", "random": "tab:gray"}
 PLOT_METRICS = (("tpot_ms", "measured TPOT (ms)"),
                 ("throughput_tok_s", "measured throughput (tok/s)"),
                 ("memory_gb", "measured memory (GB)"))
-# The issue's bar: AutoCompress should beat Minitron by >= 2 points of MC mean.
+# The issue's bar: AutoCompress should beat the baseline by >= 2 points of MC mean,
+# with the 95% interval of the paired difference above zero.
 WIN_MARGIN = 0.02
+HELDOUT = "heldout_loss"  # per-item key of the held-out windows (not a multiple-choice task)
 
 
 def load_compare(path: str | Path) -> dict[str, Any]:
@@ -49,7 +61,26 @@ def load_compare(path: str | Path) -> dict[str, Any]:
                                 hint="re-run `autocompress bench compare`") from None
 
 
-# ------------------------------------------------------------------ table
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def methods_of(run: dict) -> dict[str, dict]:
+    """``{method: {"seeds": [...], "failed": {...}}}`` of a run (version 2 files too)."""
+    out: dict[str, dict] = {}
+    for name, m in run.get("methods", {}).items():
+        out[name] = ({"seeds": m.get("seeds", []), "failed": m.get("failed", {})}
+                     if "seeds" in m else {"seeds": [m], "failed": {}})
+    for name, reason in run.get("failed_methods", {}).items():
+        out.setdefault(name, {"seeds": [], "failed": {}})["failed"]["0"] = reason
+    return out
+
+
+def baseline_of(data: dict) -> str:
+    return data.get("baseline") or "minitron"
+
+
+# ------------------------------------------------------------------ numbers
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -63,6 +94,16 @@ def _pm(value: Any, err: Any, fmt: str = ".3f") -> str:
     return text if err is None or text == "—" else f"{text} ± {format(err, fmt)}"
 
 
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _seed_sd(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
 def _limit_text(run: dict) -> str:
     parts = []
     for name, bound in run.get("limits", {}).items():
@@ -71,47 +112,130 @@ def _limit_text(run: dict) -> str:
     return ", ".join(parts)
 
 
+def _mc_tasks(per_item: dict) -> list[str]:
+    return sorted(k for k in per_item if k != HELDOUT)
+
+
+def paired_vs(a: dict, b: dict) -> dict[str, Any] | None:
+    """A − B (two methods of one run) paired by item, over all their seeds.
+
+    ``{"mc": {task|overall: PairedDiff dict}, "heldout_loss": PairedDiff dict | None}``;
+    None where either has no per-item scores.
+    """
+    from autocompress.stats import OVERALL, paired_differences
+
+    runs_a = [e["per_item"] for e in a["seeds"] if e.get("per_item")]
+    runs_b = [e["per_item"] for e in b["seeds"] if e.get("per_item")]
+    if not runs_a or not runs_b:
+        return None
+    tasks = sorted(set.intersection(*(set(_mc_tasks(r)) for r in [*runs_a, *runs_b])))
+    out: dict[str, Any] = {"mc": None, HELDOUT: None}
+    if tasks:
+        diffs = paired_differences(runs_a, runs_b, tasks)
+        out["mc"] = {k: v.model_dump() for k, v in diffs.items()}
+        out["mc"]["overall"] = diffs[OVERALL].model_dump()
+    if all(HELDOUT in r for r in [*runs_a, *runs_b]):
+        out[HELDOUT] = paired_differences(runs_a, runs_b, [HELDOUT])[HELDOUT].model_dump()
+    return out
+
+
+def summary(m: dict) -> dict[str, Any]:
+    """One method of one run over its seeds: means, seed spread, worst measured cost."""
+    seeds = m["seeds"]
+    scores = [e.get("scores", {}) for e in seeds]
+    params = sorted({e.get("params") for e in seeds if e.get("params") is not None})
+    verified = [e.get("verify_ok") for e in seeds if "verify_ok" in e]
+    return {
+        "n": len(seeds), "failed": len(m.get("failed", {})),
+        "params": params,
+        "mc_mean": _mean([s.get("mc_mean") for s in scores]),
+        "mc_seed_sd": _seed_sd([s.get("mc_mean") for s in scores]),
+        "mc_stderr": _mean([s.get("mc_mean_stderr") for s in scores]),
+        "loss_pruned": _mean([s.get("heldout_loss_pruned") for s in scores]),
+        "loss_distilled": _mean([s.get("heldout_loss_distilled") for s in scores]),
+        "verified": sum(bool(v) for v in verified), "verify_runs": len(verified),
+        "violations": sorted({v for e in seeds for v in e.get("violations", [])}),
+    }
+
+
+# ------------------------------------------------------------------ table
+
+
+def _worst_measured(seeds: list[dict], metric: str) -> str:
+    """The measured main metric of the seed nearest its limit (max; ± its noise)."""
+    measured = [(e["measured"].get(metric), e.get("noise", {}).get(metric),
+                 e.get("predicted", {}).get(metric)) for e in seeds if e.get("measured")]
+    measured = [t for t in measured if t[0] is not None]
+    if not measured:
+        return "—"
+    value, noise, pred = max(measured, key=lambda t: t[0])
+    return f"{_pm(value, noise, '.2f')} (pred {_num(pred, '.2f')})"
+
+
+def _verify_text(sm: dict) -> str:
+    if sm["verify_runs"] == 0:
+        return "not run"
+    text = f"{sm['verified']}/{sm['verify_runs']} pass"
+    return text if not sm["violations"] else f"{text} (FAIL {', '.join(sm['violations'])})"
+
+
+def _delta_text(comparison: dict | None) -> str:
+    if comparison is None or comparison.get("mc") is None:
+        return "—"
+    d = comparison["mc"]["overall"]
+    return (f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]")
+
+
 def table_rows(data: dict) -> list[dict[str, str]]:
     """One row per (preset, budget, method), teacher first; strings ready to print."""
     teacher = data.get("teacher", {})
     ts = teacher.get("scores", {})
-    rows = [{"preset": "—", "budget": "100%", "limit": "—", "method": "teacher",
+    base = baseline_of(data)
+    rows = [{"preset": "—", "budget": "100%", "limit": "—", "method": "teacher", "seeds": "—",
              "params": _num(teacher.get("params"), ","),
-             "mc_mean": _pm(ts.get("mc_mean"), ts.get("mc_mean_stderr")),
+             "mc_mean": _pm(ts.get("mc_mean"), ts.get("mc_mean_stderr")), "delta": "—",
              "loss": _num(ts.get("heldout_loss_fixed"), ".3f"),
              "main": "—", "memory": "—", "verify": "—"}]
     for run in data.get("runs", []):
         metric = run.get("main_metric", "tpot_ms")
-        for method, m in run.get("methods", {}).items():
-            s = m.get("scores", {})
-            measured, noise = m.get("measured", {}), m.get("noise", {})
+        methods = methods_of(run)
+        common = {"preset": run["preset"], "budget": f"{run['budget_fraction']:.0%}",
+                  "limit": _limit_text(run)}
+        for name, m in methods.items():
+            if not m["seeds"]:
+                reason = "; ".join(sorted(set(m["failed"].values())))
+                rows.append({**common, "method": method_label(name),
+                             "seeds": f"0/{len(m['failed'])}", "params": "—",
+                             "mc_mean": "—", "delta": "—", "loss": "—", "main": "—",
+                             "memory": "—",
+                             "verify": "no architecture: " + reason.split(":")[0]})
+                continue
+            sm = summary(m)
+            delta = ("(baseline)" if name == base else
+                     _delta_text(paired_vs(m, methods[base])) if base in methods
+                     and methods[base]["seeds"] else "—")
+            err = sm["mc_seed_sd"] if sm["n"] > 1 else sm["mc_stderr"]
+            memory = [e["measured"].get("memory_gb") for e in m["seeds"] if e.get("measured")]
             rows.append({
-                "preset": run["preset"], "budget": f"{run['budget_fraction']:.0%}",
-                "limit": _limit_text(run), "method": METHOD_LABELS.get(method, method),
-                "params": _num(m.get("params"), ","),
-                "mc_mean": _pm(s.get("mc_mean"), s.get("mc_mean_stderr")),
-                "loss": f"{_num(s.get('heldout_loss_pruned'), '.3f')} → "
-                        f"{_num(s.get('heldout_loss_distilled'), '.3f')}",
-                "main": f"{_pm(measured.get(metric), noise.get(metric), '.2f')} "
-                        f"(pred {_num(m.get('predicted', {}).get(metric), '.2f')})",
-                "memory": _num(measured.get("memory_gb"), ".4f"),
-                "verify": "not run" if "verify_ok" not in m else "pass" if m["verify_ok"]
-                          else "FAIL (" + ", ".join(m.get("violations", [])) + ")",
+                **common, "method": method_label(name),
+                "seeds": f"{sm['n']}/{sm['n'] + sm['failed']}",
+                "params": " / ".join(f"{p:,}" for p in sm["params"]) or "—",
+                "mc_mean": _pm(sm["mc_mean"], err), "delta": delta,
+                "loss": f"{_num(sm['loss_pruned'], '.3f')} → "
+                        f"{_num(sm['loss_distilled'], '.3f')}",
+                "main": _worst_measured(m["seeds"], metric),
+                "memory": _num(max((x for x in memory if x is not None), default=None), ".4f"),
+                "verify": _verify_text(sm),
             })
-        for method, reason in run.get("failed_methods", {}).items():
-            rows.append({
-                "preset": run["preset"], "budget": f"{run['budget_fraction']:.0%}",
-                "limit": _limit_text(run), "method": METHOD_LABELS.get(method, method),
-                "params": "—", "mc_mean": "—", "loss": "—", "main": "—", "memory": "—",
-                "verify": "no architecture: " + reason.split(":")[0]})
     return rows
 
 
 TABLE_COLUMNS = (("preset", "preset"), ("budget", "budget"), ("limit", "limit"),
-                 ("method", "method"), ("params", "params"),
-                 ("mc_mean", "MC mean ± s.e."),
+                 ("method", "method"), ("seeds", "seeds"), ("params", "params"),
+                 ("mc_mean", "MC mean ± s.d. over seeds (s.e. if one)"),
+                 ("delta", "Δ vs baseline, points [95% CI]"),
                  ("loss", "held-out loss (pruned → distilled)"),
-                 ("main", "measured main metric ± noise (pred)"),
+                 ("main", "measured main metric ± noise (pred), worst seed"),
                  ("memory", "measured memory GB"), ("verify", "verify on target"))
 
 
@@ -122,11 +246,22 @@ def readme_table(data: dict) -> str:
     for row in table_rows(data):
         lines.append("| " + " | ".join(row[key] for key, _ in TABLE_COLUMNS) + " |")
     settings = data.get("settings", {})
-    note = (f"\n_Generated from `results/compare.json` ({data.get('created', '?')}; target "
-            f"{data.get('target', '?')}; distillation {settings.get('distill_tokens', '?'):,} "
-            f"tokens per model; " + (f"eval limit {settings['eval_limit']} items per task)._"
-                                      if settings.get("eval_limit") else "full benchmark suite)._")
-            if isinstance(settings.get("distill_tokens"), int) else "")
+    tokens = settings.get("distill_tokens")
+    tight = settings.get("tight_distill_tokens")
+    seeds = settings.get("seeds", [settings.get("seed", 0)])
+    note = ""
+    if isinstance(tokens, int):
+        note = (f"\n_Generated from `results/compare.json` ({data.get('created', '?')}; target "
+                f"{data.get('target', '?')}; baseline {method_label(baseline_of(data))}; seeds "
+                f"{', '.join(map(str, seeds))}; distillation {tokens:,} tokens per model"
+                + (f", {tight:,} at the tightest budget" if tight else "") + "; "
+                + (f"eval limit {settings['eval_limit']} items per task)._"
+                   if settings.get("eval_limit") else "full benchmark suite)._"))
+        note += ("\n_Δ: paired by benchmark item, mean over seeds, bootstrap 95% interval "
+                 "over items and seeds (`autocompress.stats`); — where per-item scores "
+                 "were not recorded._")
+    if data.get("reduced"):
+        note += "\n_REDUCED comparison (fewer presets, budgets or seeds than the issue asks)._"
     if data.get("synthetic"):
         note += "\n_SYNTHETIC test data, not a measurement._"
     return "\n".join(lines) + "\n" + note + "\n"
@@ -158,25 +293,39 @@ def _diff(a: dict, b: dict, key: str) -> float | None:
 
 
 def verdicts(data: dict) -> list[dict[str, Any]]:
-    """Per run: MC-mean and loss deltas (AutoCompress − Minitron) and who wins."""
+    """Per run and method: MC-mean and loss deltas vs the baseline, paired intervals, who wins.
+
+    ``mc_delta`` is the difference of the seed-mean MC means; ``paired`` the per-item
+    comparison (None without per-item scores: then ``mc_delta_se`` treats the two
+    means as independent, the old and looser reading).
+    """
+    base = baseline_of(data)
     out = []
     for run in data.get("runs", []):
-        methods = run.get("methods", {})
-        if "autocompress" not in methods or "minitron" not in methods:
+        methods = methods_of(run)
+        if base not in methods or not methods[base]["seeds"]:
             continue
-        a, m = methods["autocompress"]["scores"], methods["minitron"]["scores"]
-        delta = _diff(a, m, "mc_mean")
-
-        se = math.hypot(a.get("mc_mean_stderr") or 0.0, m.get("mc_mean_stderr") or 0.0)
-        out.append({
-            "preset": run["preset"], "budget_fraction": run["budget_fraction"],
-            "mc_delta": delta, "mc_delta_se": se,
-            "loss_delta_pruned": _diff(a, m, "heldout_loss_pruned"),
-            "loss_delta_distilled": _diff(a, m, "heldout_loss_distilled"),
-            "meets_bar": delta is not None and delta >= WIN_MARGIN,
-            "both_verified": bool(methods["autocompress"].get("verify_ok")
-                                  and methods["minitron"].get("verify_ok")),
-        })
+        b = summary(methods[base])
+        for name, m in methods.items():
+            if name == base or not m["seeds"]:
+                continue
+            a = summary(m)
+            paired = paired_vs(m, methods[base])
+            delta = _diff(a, b, "mc_mean")
+            mc = paired["mc"]["overall"] if paired and paired["mc"] else None
+            se = (mc["se"] if mc else math.hypot(a.get("mc_stderr") or 0.0,
+                                                  b.get("mc_stderr") or 0.0))
+            out.append({
+                "preset": run["preset"], "budget_fraction": run["budget_fraction"],
+                "method": name, "baseline": base, "seeds": a["n"], "baseline_seeds": b["n"],
+                "mc_delta": delta, "mc_delta_se": se, "paired": paired,
+                "loss_delta_pruned": _diff(a, b, "loss_pruned"),
+                "loss_delta_distilled": _diff(a, b, "loss_distilled"),
+                "meets_bar": (delta is not None and delta >= WIN_MARGIN
+                              and (mc is None or mc["low"] > 0)),
+                "both_verified": bool(a["verified"] == a["verify_runs"] > 0
+                                      and b["verified"] == b["verify_runs"] > 0),
+            })
     return out
 
 
@@ -185,48 +334,87 @@ def compute_seconds(data: dict) -> float:
     recorded them when it ran (so a resumed comparison still counts its cached stages)."""
     total = data.get("teacher", {}).get("scores", {}).get("seconds") or 0.0
     for run in data.get("runs", []):
-        for m in run.get("methods", {}).values():
-            search = m.get("search_seconds")
-            total += (search.get("total", 0.0) if isinstance(search, dict)
-                      else search or 0.0)
-            total += (m.get("distill") or {}).get("seconds") or 0.0
-            total += m.get("scores", {}).get("seconds") or 0.0
+        for m in methods_of(run).values():
+            for e in m["seeds"]:
+                search = e.get("search_seconds")
+                total += (search.get("total", 0.0) if isinstance(search, dict)
+                          else search or 0.0)
+                total += (e.get("distill") or {}).get("seconds") or 0.0
+                total += e.get("scores", {}).get("seconds") or 0.0
     return total
 
 
+def _verdict_line(v: dict) -> str:
+    head = (f"- **{v['preset']} @ {v['budget_fraction']:.0%}, {method_label(v['method'])} vs "
+            f"{method_label(v['baseline'])}**: ")
+    if v["mc_delta"] is None:
+        loss = v["loss_delta_pruned"]
+        return (head + "benchmark scores missing (run stopped before evaluation)"
+                + ("" if loss is None else f"; held-out loss Δ after pruning {loss:+.3f}, "
+                   "negative = first better") + ".")
+    paired = v["paired"]
+    mc = paired["mc"]["overall"] if paired and paired["mc"] else None
+    if mc:
+        sure = ("above zero" if mc["low"] > 0 else "below zero" if mc["high"] < 0
+                else "includes zero")
+        stat = (f"{100 * mc['mean']:+.1f} points, 95% CI [{100 * mc['low']:+.1f}, "
+                f"{100 * mc['high']:+.1f}] (paired over {mc['n_items']} items, {v['seeds']} "
+                f"vs {v['baseline_seeds']} seeds; interval {sure})")
+    else:
+        stat = (f"{100 * v['mc_delta']:+.1f} points (±{100 * v['mc_delta_se']:.1f} s.e. as "
+                "independent means; no per-item scores)")
+    who = ("ahead" if mc and mc["low"] > 0 else "behind" if mc and mc["high"] < 0
+           else "ahead" if not mc and v["mc_delta"] > 0 else
+           "behind" if not mc and v["mc_delta"] < 0 else "not distinguishable")
+    bar = "meets" if v["meets_bar"] else "does NOT meet"
+    task_part = ""
+    if mc:
+        tasks = {k: d for k, d in paired["mc"].items() if k not in ("overall",)}
+        task_part = " Per task: " + ", ".join(
+            f"{k} {100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+            for k, d in sorted(tasks.items()) if k != "overall") + "."
+    loss = paired.get(HELDOUT) if paired else None
+    loss_part = (f" Held-out loss Δ {loss['mean']:+.3f} [{loss['low']:+.3f}, "
+                 f"{loss['high']:+.3f}] nats (paired over windows; negative = "
+                 f"{method_label(v['method'])} better)." if loss else
+                 f" Held-out loss Δ {_num(v['loss_delta_pruned'], '+.3f')} after pruning, "
+                 f"{_num(v['loss_delta_distilled'], '+.3f')} after distillation.")
+    return (head + f"MC mean Δ = {stat}: {method_label(v['method'])} {who}; it {bar} the "
+            f"≥ 2-point bar with the interval above zero.{task_part}{loss_part} All verified "
+            f"on target: {'yes' if v['both_verified'] else 'no'}.")
+
+
 def analysis_text(data: dict) -> list[str]:
+    """The verdict: failures first, then each method vs the baseline, then a plain summary."""
     lines = []
     for run in data.get("runs", []):
-        for method, reason in run.get("failed_methods", {}).items():
-            others = [METHOD_LABELS.get(k, k) for k in run.get("methods", {})]
-            lines.append(
-                f"- **{run['preset']} @ {run['budget_fraction']:.0%}**: "
-                f"{METHOD_LABELS.get(method, method)} found no architecture ({reason})"
-                + (f"; {', '.join(others)} did." if others else "."))
-    for v in verdicts(data):
-        head = f"- **{v['preset']} @ {v['budget_fraction']:.0%}**: "
-        if v["mc_delta"] is None:
-            loss = v["loss_delta_pruned"]
-            lines.append(head + "benchmark scores missing (run stopped before evaluation)"
-                         + ("" if loss is None else f"; held-out loss Δ after pruning "
-                            f"(AutoCompress − Minitron) {loss:+.3f}, negative = AutoCompress "
-                            "better") + ".")
-            continue
-        pts = 100 * v["mc_delta"]
-        who = "AutoCompress ahead" if pts > 0 else ("tie" if pts == 0 else "Minitron ahead")
-        bar = "meets" if v["meets_bar"] else "does NOT meet"
-        noise = ("within" if abs(v["mc_delta"]) <= 2 * v["mc_delta_se"] else "outside")
-        lines.append(
-            head + f"MC mean Δ = {pts:+.1f} points ({who}; ±{100 * v['mc_delta_se']:.1f} s.e., "
-            f"{noise} 2 s.e.), so it {bar} the ≥ 2-point bar. Held-out loss Δ "
-            f"(AutoCompress − Minitron): {_num(v['loss_delta_pruned'], '+.3f')} after pruning, "
-            f"{_num(v['loss_delta_distilled'], '+.3f')} after distillation (negative = "
-            f"AutoCompress better). Both verified on target: "
-            f"{'yes' if v['both_verified'] else 'no'}.")
+        methods = methods_of(run)
+        for name, m in methods.items():
+            for seed, reason in sorted(m["failed"].items()):
+                others = [method_label(k) for k, o in methods.items() if o["seeds"]]
+                lines.append(
+                    f"- **{run['preset']} @ {run['budget_fraction']:.0%}**: "
+                    f"{method_label(name)} (seed {seed}) found no architecture ({reason})"
+                    + (f"; {', '.join(others)} did." if others else "."))
+    found = verdicts(data)
+    lines += [_verdict_line(v) for v in found]
+    ours = [v for v in found if v["method"] == "autocompress"]
+    if ours:
+        lost = [f"{v['preset']} @ {v['budget_fraction']:.0%}" for v in ours
+                if not v["meets_bar"]]
+        lines += ["", f"**In short:** AutoCompress meets the bar (≥ +2 points over "
+                  f"{method_label(baseline_of(data))}, interval above zero) in "
+                  f"{len(ours) - len(lost)} of {len(ours)} cells"
+                  + (f"; it does **not** in: {', '.join(lost)}." if lost else ".")]
     return lines
 
 
 # ------------------------------------------------------------------ plots
+
+
+def _seed_entries(run: dict) -> list[tuple[str, dict]]:
+    """(method, entry) for every finished seed of every method of ``run``."""
+    return [(name, e) for name, m in methods_of(run).items() for e in m["seeds"]]
 
 
 def _pyplot():
@@ -256,7 +444,7 @@ def plot_accuracy_vs_cost(data: dict, path: Path) -> Path:
             tmeas = _teacher_points(run)
             if tmeas and teacher_mc is not None:
                 ax.scatter(tmeas[metric], teacher_mc, color=METHOD_COLORS["teacher"], marker=mk)
-            for method, m in run.get("methods", {}).items():
+            for method, m in _seed_entries(run):
                 if "measured" not in m or m["scores"].get("mc_mean") is None:
                     continue  # not verified or not evaluated yet: no point to draw
                 x = m["measured"].get(metric)
@@ -270,9 +458,10 @@ def plot_accuracy_vs_cost(data: dict, path: Path) -> Path:
         ax.set_xlabel(label)
         ax.set_ylabel("MC mean (benchmark suite)")
         ax.grid(alpha=0.3)
+    shown = {"teacher"} | {k for r in data.get("runs", []) for k in methods_of(r)}
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=n.capitalize() if
-                          n == "teacher" else METHOD_LABELS[n])
-               for n, c in METHOD_COLORS.items()]
+                          n == "teacher" else method_label(n))
+               for n, c in METHOD_COLORS.items() if n in shown]
     handles += [plt.Line2D([], [], color="gray", marker=markers[i % len(markers)], ls="",
                            label=p) for i, p in enumerate(presets)]
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8)
@@ -299,7 +488,7 @@ def plot_arch_heatmaps(run: dict, teacher_arch: dict | None, path: Path) -> Path
 
     plt = _pyplot()
     archs = ([("teacher", teacher_arch)] if teacher_arch else []) + [
-        (METHOD_LABELS.get(k, k), m["arch"]) for k, m in run.get("methods", {}).items()]
+        (f"{method_label(k)} s{m.get('seed', 0)}", m["arch"]) for k, m in _seed_entries(run)]
     mats = [(name, arch_matrix(a), a["hidden_size"]) for name, a in archs]
     quantities = list(mats[0][1])
     fig, axes = plt.subplots(len(quantities), 1, figsize=(8, 1.2 + 1.1 * len(mats) *
@@ -338,7 +527,7 @@ def plot_predicted_vs_measured(data: dict, path: Path) -> Path:
             points = [("teacher", run.get("teacher_verify") or {})]
             points += [(k, {"predicted": m["predicted"], "measured": m.get("measured"),
                             "noise": m.get("noise", {})})
-                       for k, m in run.get("methods", {}).items()]
+                       for k, m in _seed_entries(run)]
             for who, p in points:
                 if not p.get("predicted") or not p.get("measured"):
                     continue
@@ -369,7 +558,7 @@ def prediction_rows(data: dict) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for run in data.get("runs", []):
         points = [("teacher", run.get("teacher_verify") or {})]
-        points += [(METHOD_LABELS.get(k, k), m) for k, m in run.get("methods", {}).items()]
+        points += [(f"{method_label(k)} s{m.get('seed', 0)}", m) for k, m in _seed_entries(run)]
         for who, p in points:
             if not p.get("predicted") or not p.get("measured"):
                 continue
@@ -382,32 +571,63 @@ def prediction_rows(data: dict) -> list[str]:
     return lines
 
 
-def write_report(data: dict, out_dir: str | Path) -> Path:
-    """Write ``report.md`` and its PNGs into ``out_dir``; returns the report path."""
+def _settings_text(data: dict) -> str:
+    s = data.get("settings", {})
+    limit = s.get("eval_limit")
+    seeds = s.get("seeds", [s.get("seed", 0)])
+    tight = s.get("tight_distill_tokens")
+    return (f"Same importance, calibration/training data and distillation budget "
+            f"({s.get('distill_tokens')} tokens" + (f", {tight} at the tightest budget"
+                                                    if tight else "")
+            + f") for every method; seeds {', '.join(map(str, seeds))} (search and "
+            "distillation); " + (f"benchmark items capped at {limit} per task; " if limit
+                                 else "the full benchmark suite; ")
+            + f"search steps {s.get('search_steps')}.")
+
+
+def _provenance(data: dict) -> str:
+    return (f"Target `{data.get('target')}`; teacher `{data.get('teacher', {}).get('dir')}`; "
+            f"created {data.get('created')}; wall time of the last invocation "
+            f"{data.get('wall_s', 0):.0f} s (stages cached by earlier ones are not in it); "
+            f"search + distillation + evaluation of every model, cached or not: "
+            f"{compute_seconds(data):.0f} s.")
+
+
+def comparison_section(title: str, data: dict) -> list[str]:
+    """Markdown lines of one more comparison: its settings, table and verdict (no plots)."""
+    lines = ["", f"## {title}", ""]
+    if data.get("reduced"):
+        lines += ["**REDUCED comparison** (fewer presets, budgets or seeds than issue 19 "
+                  "asks for).", ""]
+    lines += [_provenance(data), _settings_text(data), "", readme_table(data), "### Verdict", ""]
+    return lines + (analysis_text(data) or ["- no run has the baseline and another method yet."])
+
+
+def write_report(data: dict, out_dir: str | Path,
+                 also: list[tuple[str, dict]] | None = None) -> Path:
+    """Write ``report.md`` and its PNGs into ``out_dir``; returns the report path.
+
+    ``also``: more comparisons as ``(title, data)``, each appended as a section with
+    its own table and verdict (e.g. a reduced run of the newer methods).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = data.get("runs", [])
-    lines = ["# AutoCompress vs matched Minitron", ""]
+    lines = [f"# AutoCompress vs {method_label(baseline_of(data))} and the ablations", ""]
     if data.get("synthetic"):
         lines += ["**SYNTHETIC DATA (test fixture) — not a measurement.**", ""]
-    s = data.get("settings", {})
-    limit = s.get("eval_limit")
-    lines += [f"Target `{data.get('target')}`; teacher `{data.get('teacher', {}).get('dir')}`; "
-              f"created {data.get('created')}; wall time of the last invocation "
-              f"{data.get('wall_s', 0):.0f} s (stages cached by earlier ones are not in it); "
-              f"search + distillation + evaluation of every model, cached or not: "
-              f"{compute_seconds(data):.0f} s.",
-              f"Same importance, calibration/training data, seeds (seed {s.get('seed')}) and "
-              f"distillation budget ({s.get('distill_tokens')} tokens) for both methods; "
-              + (f"benchmark items capped at {limit} per task; " if limit else
-                 "the full benchmark suite; ") +
-              f"search steps {s.get('search_steps')}.", "", "## Results", "",
+    if data.get("reduced"):
+        lines += ["**REDUCED comparison** (fewer presets, budgets or seeds than issue 19 "
+                  "asks for).", ""]
+    lines += [_provenance(data), _settings_text(data), "", "## Results", "",
               readme_table(data), "## Verdict (tighter budgets are what the issue asks about)",
               ""]
-    lines += analysis_text(data) or ["- no run has both methods yet."]
+    lines += analysis_text(data) or ["- no run has the baseline and another method yet."]
     if data.get("not_run"):
         lines += ["", "Not run:"] + [f"- {n['preset']} @ {n['budget_fraction']:.0%}: "
                                      f"{n['reason']}" for n in data["not_run"]]
+    for title, extra in also or []:
+        lines += comparison_section(title, extra)
     if runs:
         lines += ["", "## Accuracy vs measured cost", "",
                   "Hollow markers = failed verification on the target; error bars = "

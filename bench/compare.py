@@ -1,20 +1,23 @@
-"""AutoCompress vs the matched Minitron baseline, side by side (issue 8).
+"""AutoCompress vs the fair Minitron baseline and the ablations, over seeds (issues 8, 19).
 
 For each CPU-scaled workload preset, each budget (a fraction of the teacher's
-*predicted* cost on the preset's main metric) and each method, this runs the
-``compress`` Prefect flow users run (through ``flows/sweep.py``): profile, fit and
-validate the cost model, importance, the architecture (the search, or the
-largest homogeneous Minitron model meeting the same limit with the same
-importance), prune, distil (the same token budget and seeds for both), evaluate
-and verify on the target. Both methods therefore share the teacher, the corpus,
-the cost model, the importance scores and the teacher's evaluation: the flow's
-stage cache computes each once, and a re-run (or an interrupted one) reuses every
-finished stage. This script keeps no cache and no stages of its own; it turns
-the flows' outputs into ``results/compare.json`` (the file ``autocompress bench
-report`` and ``readme-table`` read) and prints a table.
+*predicted* cost on the preset's main metric), each seed and each method
+(``autocompress`` the full search; ``minitron`` the fair homogeneous baseline;
+``greedy`` repair from the teacher without DNAS; ``random`` random search with
+the same number of scored candidates), this runs the ``compress`` Prefect flow
+users run (through ``flows/sweep.py``): profile, fit and validate the cost model,
+importance, the method's architecture, prune, distil (the same token budget and
+seed for every method), evaluate and verify on the target. Every method shares
+the teacher, the corpus, the cost model, the importance scores and the teacher's
+evaluation: the flow's stage cache computes each once, and a re-run (or an
+interrupted one) reuses every finished stage. The seed sets the search's and the
+distillation's seeds. This script keeps no cache and no stages of its own; it
+turns the flows' outputs (with every model's per-item benchmark scores) into
+``results/compare.json``, which ``autocompress bench report`` and ``readme-table``
+read (paired bootstrap intervals vs the baseline: ``autocompress.stats``).
 
-    .venv/bin/python bench/compare.py                 # the README's run (~40 min)
-    .venv/bin/python bench/compare.py --presets interactive-cpu --budgets 0.4 \
+    .venv/bin/python bench/compare.py                 # every preset, budget, method, 3 seeds
+    .venv/bin/python bench/compare.py --presets interactive-cpu --budgets 0.4 --seeds 0 1 \
         --distill-tokens 50000 --eval-limit 100 --search-steps 80   # a quick look
 """
 
@@ -27,8 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autocompress.errors import AutoCompressError
+
 PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
-METHODS = ("autocompress", "minitron")
+METHODS = ("autocompress", "minitron", "greedy", "random")  # flows.compress.METHODS
+TOKENS_PER_STEP = 16 * 256  # the distillation batch below
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 
@@ -40,20 +46,40 @@ def log(message: str) -> None:
 # ------------------------------------------------------------------ the flows
 
 
-def stage_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Per-stage settings of every compress run (``compress(options=...)``)."""
-    steps = max(1, -(-args.distill_tokens // (16 * 256)))
+def distill_tokens(args: argparse.Namespace, fraction: float) -> int:
+    """The distillation budget of a run: ``--tight-distill-tokens`` at the tightest budget."""
+    if args.tight_distill_tokens and fraction == min(args.budgets):
+        return args.tight_distill_tokens
+    return args.distill_tokens
+
+
+def stage_options(args: argparse.Namespace, seed: int, fraction: float) -> dict[str, dict]:
+    """Per-stage settings of one compress run (``compress(options=...)``)."""
+    tokens = distill_tokens(args, fraction)
+    steps = max(1, -(-tokens // TOKENS_PER_STEP))
     options: dict[str, dict[str, Any]] = {
         # One cost model for every preset of the comparison (fitted once, then reused).
         "costmodel": {"workloads": list(args.presets)},
-        "search": {"dnas": {"steps": args.search_steps, "seed": args.seed},
+        # The search seed drives DNAS, the random sampler, the score batches and
+        # Minitron's short distillations; the distillation seed its data order and init.
+        "search": {"dnas": {"steps": args.search_steps, "seed": seed},
                    "threads": args.threads},
-        "distill": {"tokens": args.distill_tokens, "seq_len": 256, "batch_size": 16,
+        "distill": {"tokens": tokens, "seq_len": 256, "batch_size": 16,
                     "lr": args.lr, "warmup_steps": max(1, steps // 10), "eval_batches": 2,
-                    "ckpt_every": 10, "seed": args.seed},
+                    "ckpt_every": 10, "seed": seed},
         "verify": {"repeats": args.verify_repeats},
     }
     return _merged(options, json.loads(args.options or "{}"))
+
+
+def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One compress run per preset × budget × seed × method (seed 0 of every cell first,
+    so an interrupted comparison has whole cells to show)."""
+    return [{"label": f"{preset}-{fraction:g}-{method}-s{seed}", "workload": preset,
+             "budget_fraction": fraction, "method": method,
+             "options": stage_options(args, seed, fraction)}
+            for seed in args.seeds for preset in args.presets for fraction in args.budgets
+            for method in args.methods]
 
 
 def _merged(base: dict, extra: dict) -> dict:
@@ -70,15 +96,16 @@ def run_sweep(args: argparse.Namespace):
     from autocompress.commands.pipeline import _prepare_environment
 
     _prepare_environment()  # Prefect's home and telemetry, before Prefect is imported
+    from flows.compress import METHODS as FLOW_METHODS
     from flows.sweep import sweep
 
-    runs = [{"label": f"{preset}-{fraction:g}-{method}", "workload": preset,
-             "budget_fraction": fraction, "method": method}
-            for preset in args.presets for fraction in args.budgets for method in args.methods]
+    unknown = [m for m in args.methods if m not in FLOW_METHODS]
+    if unknown:
+        raise AutoCompressError(f"unknown method(s) {', '.join(unknown)}",
+                                hint=f"the compress flow has {', '.join(FLOW_METHODS)}")
     base = {"teacher": args.teacher, "target": args.target, "eval_limit": args.eval_limit,
-            "options": stage_options(args), "register_as": None, "corpus_dir": args.corpus,
-            "track": not args.no_track}
-    return sweep(runs=runs, base=base, experiment=args.experiment, store=args.store)
+            "register_as": None, "corpus_dir": args.corpus, "track": not args.no_track}
+    return sweep(runs=sweep_runs(args), base=base, experiment=args.experiment, store=args.store)
 
 
 # ------------------------------------------------------------------ flow outputs -> JSON
@@ -124,22 +151,29 @@ def _verify_summary(report: dict) -> dict:
             "prediction_error": report["prediction_error"]}
 
 
+def run_seed(point) -> int:
+    """The seed of a sweep point (its distillation seed; the search's is the same)."""
+    return int(point.overrides["options"]["distill"]["seed"])
+
+
 def method_entry(point) -> dict:
-    """What compare.json records for one method's compress run."""
+    """What compare.json records for one method's compress run (one seed)."""
     out = point.outputs
     report = _search_report(out["arch"])
     record = _distill_record(out["model"])
     verification = _json(out["verification"])
     seconds = {s["name"]: s["seconds"] for s in point.steps}
-    scores = _scores(_json(out["evaluation"]))
+    evaluation = _json(out["evaluation"])
+    scores = _scores(evaluation)
     # Held-out loss before and after distillation on the same windows (distill's evals).
     scores["heldout_loss_pruned"] = record["initial_eval"].get("heldout_loss")
     scores["heldout_loss_distilled"] = record["final_eval"].get("heldout_loss")
     return {
-        "arch": report["arch"], "params": report["params"],
+        "seed": run_seed(point), "arch": report["arch"], "params": report["params"],
         "teacher_params": report.get("teacher_params"), "predicted": report["predicted"],
         "meets_limits_predicted": report["meets_limits"], "margins": report.get("margins"),
         "search_seconds": report.get("seconds"),
+        "scored_candidates": report.get("scored_candidates"),
         "timings": {"arch_s": seconds.get("arch"), "distill_s": seconds.get("model"),
                     "eval_s": seconds.get("evaluation"), "verify_s": seconds.get("verification")},
         "files": {"arch": out["arch"].uri, "model": out["model"].uri},
@@ -151,11 +185,17 @@ def method_entry(point) -> dict:
         "prediction_error": verification["prediction_error"],
         "measurement": {k: verification["measurement"].get(k)
                         for k in ("ttft_ms", "tpot_ms", "repeats", "threads")},
+        "per_item": evaluation.get("per_item", {}),
     }
 
 
 def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict:
-    """``results/compare.json`` from the sweep (the fields ``autocompress.report`` reads)."""
+    """``results/compare.json`` from the sweep (the fields ``autocompress.report`` reads).
+
+    ``runs[]``: one per preset × budget, each with ``methods.<name>.seeds[]`` (one entry
+    per finished seed: architecture, measured cost, verify result, scores, per-item
+    scores) and ``methods.<name>.failed`` (seed -> why that run found no model).
+    """
     from autocompress.costmodel.workload import get_workload
     from autocompress.limits import Limits
 
@@ -163,12 +203,14 @@ def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict
     teacher: dict[str, Any] = {}
     for point in sweep_report.points:
         preset, fraction = point.overrides["workload"], point.overrides["budget_fraction"]
-        method = point.overrides["method"]
         run = runs.setdefault((preset, fraction), {
             "preset": preset, "budget_fraction": fraction,
-            "main_metric": get_workload(preset).main_metric, "methods": {}})
+            "main_metric": get_workload(preset).main_metric,
+            "distill_tokens": distill_tokens(args, fraction), "methods": {}})
+        method = run["methods"].setdefault(point.overrides["method"],
+                                           {"seeds": [], "failed": {}})
         if point.error is not None:
-            run.setdefault("failed_methods", {})[method] = point.error
+            method["failed"][str(run_seed(point))] = point.error
             continue
         out = point.outputs
         report = _search_report(out["arch"])
@@ -176,12 +218,13 @@ def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict
                    teacher_predicted=report.get("teacher_predicted"),
                    cost_model=report.get("cost_model"),
                    teacher_verify=_verify_summary(_json(out["teacher_verification"])))
-        run["methods"][method] = method_entry(point)
+        method["seeds"].append(method_entry(point))
         if not teacher:
-            teacher = teacher_entry(point, run["methods"][method])
+            teacher = teacher_entry(point, method["seeds"][-1])
     return {
-        "version": 2, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "version": 3, "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "target": args.target, "synthetic": False, "orchestration": "prefect sweep flow",
+        "baseline": args.baseline, "reduced": args.reduced,
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "no_track")},
         "teacher": teacher, "runs": list(runs.values()), "not_run": [], "wall_s": wall_s,
     }
@@ -198,45 +241,19 @@ def teacher_entry(point, method: dict) -> dict:
     scores = _scores(_json(out["teacher_eval"]))
     scores["heldout_loss_fixed"] = method["distill"]["teacher_eval"].get("heldout_loss")
     return {"dir": out["teacher"].uri, "sha": out["teacher"].sha256, "params": spec.num_params(),
-            "arch": spec.to_dict(), "scores": scores}
+            "arch": spec.to_dict(), "scores": scores,
+            "per_item": _json(out["teacher_eval"]).get("per_item", {})}
 
 
 # ------------------------------------------------------------------ output
 
 
 def print_table(data: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The report's table and verdict on the terminal (one implementation: ``report``)."""
+    from autocompress.report import analysis_text, readme_table
 
-    table = Table(title="AutoCompress vs matched Minitron (after distillation)")
-    for col in ("preset", "budget", "method", "params", "mc_mean", "loss pruned",
-                "loss distilled", "TPOT pred", "TPOT meas", "mem GB", "verify"):
-        table.add_column(col, justify="right")
-    teacher = data.get("teacher", {}).get("scores", {})
-
-    def f(value, fmt):
-        return "—" if value is None else format(value, fmt)
-
-    for run in data.get("runs", []):
-        for method, m in run["methods"].items():
-            s, meas, noise = m["scores"], m.get("measured", {}), m.get("noise", {})
-            verdict = ("—" if "verify_ok" not in m else
-                       "ok" if m["verify_ok"] else "FAIL " + ",".join(m["violations"]))
-            table.add_row(run["preset"], f"{run['budget_fraction']:.0%}", method,
-                          f"{m['params']:,}",
-                          f"{f(s.get('mc_mean'), '.3f')}±{f(s.get('mc_mean_stderr'), '.3f')}",
-                          f(s.get("heldout_loss_pruned"), ".3f"),
-                          f(s.get("heldout_loss_distilled"), ".3f"),
-                          f(m["predicted"].get("tpot_ms"), ".2f"),
-                          f"{f(meas.get('tpot_ms'), '.2f')}±{f(noise.get('tpot_ms'), '.2f')}",
-                          f(meas.get("memory_gb"), ".4f"), verdict)
-        for method, reason in run.get("failed_methods", {}).items():
-            table.add_row(run["preset"], f"{run['budget_fraction']:.0%}", method, "—", "—",
-                          "—", "—", "—", "—", "—", f"no architecture: {reason[:60]}")
-    Console().print(table)
-    if teacher:
-        print(f"teacher: mc_mean {teacher.get('mc_mean', float('nan')):.3f}, held-out loss "
-              f"{teacher.get('heldout_loss_fixed', float('nan')):.3f}")
+    print(readme_table(data))
+    print("\n".join(analysis_text(data)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,15 +263,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presets", nargs="+", default=list(PRESETS))
     p.add_argument("--budgets", nargs="+", type=float, default=[0.6, 0.4],
                    help="Fractions of the teacher's predicted main-metric cost.")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    # Defaults = the run behind the README table (about 40 minutes on 2 cores).
+    p.add_argument("--methods", nargs="+", default=list(METHODS),
+                   help="Methods of the compress flow to run (default: all four).")
+    p.add_argument("--baseline", default="minitron",
+                   help="The method the others are compared with, item by item.")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
+                   help="Seeds of the search and the distillation; every cell runs each.")
     p.add_argument("--distill-tokens", type=int, default=100_000)
+    p.add_argument("--tight-distill-tokens", type=int, default=None,
+                   help="Distillation tokens at the tightest budget (e.g. 1000000); "
+                   "default: --distill-tokens.")
+    p.add_argument("--reduced", action="store_true",
+                   help="Label the results as a reduced comparison (fewer cells or seeds).")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-limit", type=int, default=0,
                    help="Items per benchmark task (0 = all of them).")
     p.add_argument("--search-steps", type=int, default=160)
     p.add_argument("--verify-repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads for the search "
                    "(timing uses the cost model's own count)")
     p.add_argument("--options", default=None, help="More per-stage settings as JSON, merged "

@@ -23,20 +23,27 @@ def _arch(hidden: int, heads: list[int], kv: list[int], ffn: list[int]) -> dict:
     return {"hidden_size": hidden, "layers": layers}
 
 
+def _per_item(mc: float, n: int = 100) -> dict:
+    """Two tasks of ``n`` items; the first ``mc · n`` items right (so wins are nested)."""
+    right = round(mc * n)
+    return {task: {f"{task}-{i}": float(i < right) for i in range(n)} for task in ("t1", "t2")}
+
+
 def _method(arch: dict, params: int, mc: float, loss_pruned: float, loss_kd: float,
-            tpot: float, ok: bool) -> dict:
+            tpot: float, ok: bool, seed: int = 0) -> dict:
     measured = {"ttft_ms": 20.0, "tpot_ms": tpot, "e2e_ms": 20 + 31 * tpot,
                 "throughput_tok_s": 1000 / tpot, "memory_gb": 0.03}
     predicted = {k: v * 1.1 for k, v in measured.items()}
-    return {"arch": arch, "params": params, "predicted": predicted, "measured": measured,
-            "noise": {k: 0.1 for k in measured}, "verify_ok": ok,
+    return {"seed": seed, "arch": arch, "params": params, "predicted": predicted,
+            "measured": measured, "noise": {k: 0.1 for k in measured}, "verify_ok": ok,
             "violations": [] if ok else ["tpot_ms"],
             "scores": {"mc_mean": mc, "mc_mean_stderr": 0.01, "heldout_loss_pruned": loss_pruned,
-                       "heldout_loss_distilled": loss_kd}}
+                       "heldout_loss_distilled": loss_kd},
+            "per_item": _per_item(mc)}
 
 
-def _synthetic(minitron_wins: bool) -> dict:
-    """A made-up two-run comparison (fixture, not a result)."""
+def _synthetic(minitron_wins: bool, seeds: int = 2) -> dict:
+    """A made-up two-run comparison over ``seeds`` seeds (fixture, not a result)."""
     teacher = _arch(64, [4, 4, 4], [2, 2, 2], [128, 128, 128])
     runs = []
     for preset, frac in (("interactive-cpu", 0.6), ("interactive-cpu", 0.4)):
@@ -50,13 +57,16 @@ def _synthetic(minitron_wins: bool) -> dict:
                                              "memory_gb": 0.05, "throughput_tok_s": 100.0},
                                "noise": {"tpot_ms": 0.2}, "ok": False},
             "methods": {
-                "autocompress": _method(_arch(48, [4, 0, 2], [2, 0, 1], [96, 64, 0]), 1000,
-                                        a_mc, 5.0, 4.5, 3.5, True),
-                "minitron": _method(_arch(48, [2, 2, 2], [1, 1, 1], [64, 64, 64]), 1100,
-                                    m_mc, 5.2, 4.6, 3.9, False),
+                "autocompress": {"seeds": [
+                    _method(_arch(48, [4, 0, 2], [2, 0, 1], [96, 64, 0]), 1000, a_mc, 5.0,
+                            4.5, 3.5, True, seed) for seed in range(seeds)], "failed": {}},
+                "minitron": {"seeds": [
+                    _method(_arch(48, [2, 2, 2], [1, 1, 1], [64, 64, 64]), 1100, m_mc, 5.2,
+                            4.6, 3.9, False, seed) for seed in range(seeds)], "failed": {}},
             }})
-    return {"version": 1, "synthetic": True, "created": "fixture", "target": "cpu-local/x",
-            "settings": {"distill_tokens": 1000, "eval_limit": 10, "seed": 0},
+    return {"version": 3, "synthetic": True, "created": "fixture", "target": "cpu-local/x",
+            "baseline": "minitron",
+            "settings": {"distill_tokens": 1000, "eval_limit": 10, "seeds": list(range(seeds))},
             "teacher": {"dir": "t", "params": 5000, "arch": teacher,
                         "scores": {"mc_mean": 0.5, "mc_mean_stderr": 0.01,
                                    "heldout_loss_fixed": 4.0}},
@@ -70,9 +80,14 @@ def test_table_has_teacher_and_every_method_row():
     body = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert len(body) == 1 + 2 * len(data["runs"])
     assert body[0].split("|")[4].strip() == "teacher"
-    assert "FAIL (tpot_ms)" in table and "pass" in table
+    assert "0/2 pass (FAIL tpot_ms)" in table and "2/2 pass" in table
     assert "5.000 → 4.500" in table  # loss before → after distillation, from the JSON
-    assert "SYNTHETIC" in table
+    assert "SYNTHETIC" in table and "(baseline)" in table
+    # +5 points on nested items: every paired difference is >= 0, so is the interval.
+    delta = [r for r in report.table_rows(data) if r["method"] == "AutoCompress"][0]["delta"]
+    mean, low, high = (float(x) for x in delta.replace("[", "").replace("]", "")
+                       .replace(",", "").split())
+    assert mean == pytest.approx(5.0) and 0 <= low < mean < high
 
 
 @pytest.mark.parametrize("minitron_wins", [True, False])
@@ -83,9 +98,13 @@ def test_verdict_follows_the_numbers(minitron_wins):
         assert v["meets_bar"] is (not minitron_wins)
         assert (v["mc_delta"] < 0) is minitron_wins
         assert v["both_verified"] is False  # the fixture's Minitron fails verification
+        overall = v["paired"]["mc"]["overall"]
+        assert overall["n_items"] == 200 and overall["seeds_a"] == 2
+        assert (overall["high"] < 0) is minitron_wins and (overall["low"] > 0) is not minitron_wins
     text = "\n".join(report.analysis_text(_synthetic(minitron_wins)))
-    assert ("Minitron ahead" in text) is minitron_wins
+    assert ("AutoCompress behind" in text) is minitron_wins
     assert ("does NOT meet" in text) is minitron_wins
+    assert ("does **not** in" in text) is minitron_wins
 
 
 def test_write_report_makes_markdown_and_plots(tmp_path):
@@ -98,8 +117,8 @@ def test_write_report_makes_markdown_and_plots(tmp_path):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
         assert f"({name})" in text
     assert "SYNTHETIC" in text and "datacenter-cpu" in text  # not-run entries are listed
-    # predicted vs measured table: one row per model and metric (teacher + 2 methods) x 2 runs
-    assert text.count("| tpot_ms |") == 6
+    # predicted vs measured: one row per model and metric (teacher + 2 methods x 2 seeds) x 2 runs
+    assert text.count("| tpot_ms |") == 10
 
 
 def test_arch_matrix_marks_removed_blocks_as_zero():
@@ -159,9 +178,10 @@ def test_readme_table_command_prints_without_markers(tmp_path):
 
 def test_partial_run_renders_without_scores_or_measurements(tmp_path):
     """A run stopped after pruning: the table and report say what is missing."""
-    data = _synthetic(minitron_wins=False)
-    for m in data["runs"][1]["methods"].values():
-        for key in ("measured", "noise", "verify_ok", "violations"):
+    data = _synthetic(minitron_wins=False, seeds=1)
+    for method in data["runs"][1]["methods"].values():
+        m = method["seeds"][0]
+        for key in ("measured", "noise", "verify_ok", "violations", "per_item"):
             m.pop(key)
         m["scores"] = {"heldout_loss_pruned": m["scores"]["heldout_loss_pruned"]}
     assert report.readme_table(data).count("not run") == 2
@@ -174,9 +194,34 @@ def test_partial_run_renders_without_scores_or_measurements(tmp_path):
 def test_a_method_without_an_architecture_is_reported_not_dropped(tmp_path):
     data = _synthetic(minitron_wins=False)
     run = data["runs"][0]
-    del run["methods"]["minitron"]
-    run["failed_methods"] = {"minitron": "no architecture meets the limits as measured: x"}
+    run["methods"]["greedy"] = {"seeds": [], "failed": {
+        "0": "no architecture meets the limits as measured: x"}}
     table = report.readme_table(data)
-    assert "| Minitron | — |" in table and "no architecture" in table
-    assert "Minitron found no architecture" in "\n".join(report.analysis_text(data))
+    assert "| greedy (no DNAS) | 0/1 | — |" in table and "no architecture" in table
+    assert "greedy (no DNAS) (seed 0) found no architecture" in "\n".join(
+        report.analysis_text(data))
     assert report.write_report(data, tmp_path).exists()  # plots skip the missing method
+
+
+def test_a_version_2_file_reads_as_one_seed_without_intervals(tmp_path):
+    data = _synthetic(minitron_wins=False, seeds=1)
+    for run in data["runs"]:
+        run["methods"] = {k: m["seeds"][0] for k, m in run["methods"].items()}
+        for m in run["methods"].values():
+            del m["per_item"]
+    del data["runs"][1]["methods"]["minitron"]
+    data["runs"][1]["failed_methods"] = {"minitron": "no architecture: x"}
+    rows = report.table_rows(data)
+    assert [r["seeds"] for r in rows[1:]] == ["1/1", "1/1", "1/1", "0/1"]
+    assert rows[1]["delta"] == "—"
+    v = report.verdicts(data)
+    assert len(v) == 1 and v[0]["paired"] is None and v[0]["mc_delta"] == pytest.approx(0.05)
+    assert "as independent means" in "\n".join(report.analysis_text(data))
+
+
+def test_a_reduced_comparison_is_labelled():
+    reduced = _synthetic(minitron_wins=True, seeds=3)
+    reduced["reduced"] = True
+    text = "\n".join(report.comparison_section("Reduced run", reduced))
+    assert "## Reduced run" in text and "REDUCED comparison" in text
+    assert text.count("| AutoCompress |") == 2 and "seeds 0, 1, 2" in text

@@ -53,11 +53,18 @@ def report_command(
     json_path: Path = typer.Option(DEFAULT_JSON, "--json", help="compare.json to read."),
     out_dir: Path = typer.Option(None, "--out", help="Folder for report.md + PNGs "
                                  "(default: beside the JSON)."),
+    also: list[Path] = typer.Option([], "--also", help="Another compare.json (e.g. a reduced "
+                                    "run) to append as its own section; repeatable."),
 ) -> None:
     """Write report.md and the plots from a compare.json."""
     from autocompress.report import load_compare, write_report
 
-    path = write_report(load_compare(json_path), out_dir or json_path.parent)
+    extra = []
+    for path in also:
+        data = load_compare(path)
+        kind = "Reduced comparison" if data.get("reduced") else "Comparison"
+        extra.append((f"{kind}: `{path.name}` ({data.get('created', '?')})", data))
+    path = write_report(load_compare(json_path), out_dir or json_path.parent, also=extra)
     typer.echo(f"wrote {path}")
 
 

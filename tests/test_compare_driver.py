@@ -1,0 +1,150 @@
+"""bench/compare.py: the sweep it asks for, and compare.json from real published artifacts.
+
+The artifacts below are small files published to a real local store, shaped like the
+compress flow's outputs; their numbers are made up (a fixture) and claim nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autocompress import report
+from autocompress.artifacts import Store
+
+
+@pytest.fixture(scope="module")
+def compare():
+    from autocompress.commands.bench import _compare_module
+
+    return _compare_module()
+
+
+def test_sweep_covers_methods_seeds_presets_and_budgets(compare):
+    args = compare.build_parser().parse_args([
+        "--presets", "interactive-cpu", "datacenter-cpu", "--budgets", "0.6", "0.4",
+        "--seeds", "0", "1", "2", "--distill-tokens", "50000",
+        "--tight-distill-tokens", "1000000"])
+    runs = compare.sweep_runs(args)
+    assert len(runs) == 2 * 2 * 3 * len(compare.METHODS)
+    assert len({r["label"] for r in runs}) == len(runs)
+    assert {r["method"] for r in runs} == {"autocompress", "minitron", "greedy", "random"}
+    for r in runs:
+        opts = r["options"]
+        seed = int(r["label"].rsplit("-s", 1)[1])
+        assert opts["search"]["dnas"]["seed"] == opts["distill"]["seed"] == seed
+        tight = r["budget_fraction"] == 0.4
+        assert opts["distill"]["tokens"] == (1_000_000 if tight else 50_000)
+    # Seed 0 of every cell comes first, so an interrupted run has whole cells.
+    first = runs[: 2 * 2 * len(compare.METHODS)]
+    assert {r["options"]["distill"]["seed"] for r in first} == {0}
+    # --options merges over the defaults, key by key.
+    args.options = json.dumps({"distill": {"lr": 5e-4}})
+    merged = compare.stage_options(args, seed=1, fraction=0.6)
+    assert merged["distill"]["lr"] == 5e-4 and merged["distill"]["seed"] == 1
+
+
+def _publish_json(store, tmp_path, name, data, kind):
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return store.publish(path, kind)
+
+
+def _publish_dir(store, tmp_path, name, files, kind):
+    folder = tmp_path / name
+    folder.mkdir()
+    for fname, data in files.items():
+        (folder / fname).write_text(data if isinstance(data, str) else json.dumps(data))
+    return store.publish(folder, kind)
+
+
+def _point(store, tmp_path, method, seed, mc, teacher_refs):
+    from flows.sweep import SweepPoint
+
+    costs = {"ttft_ms": 10.0, "tpot_ms": 3.0, "memory_gb": 0.01}
+    tag = f"{method}{seed}"
+    search = {"arch": {"hidden_size": 64, "layers": []}, "params": 1000 + seed,
+              "teacher_params": 5000, "predicted": costs, "meets_limits": True,
+              "margins": {}, "seconds": 1.0, "teacher_predicted": costs,
+              "cost_model": "fit", "scored_candidates": 7}
+    evals = {"heldout_loss": 4.0}
+    outputs = {
+        "arch": _publish_dir(store, tmp_path, f"arch-{tag}", {"arch.search.json": search},
+                             "archspec"),
+        "model": _publish_dir(store, tmp_path, f"model-{tag}", {"distill.json": {
+            "steps": 2, "tokens_seen": 100, "seconds": 1.0, "initial_eval": {"heldout_loss": 5},
+            "final_eval": evals, "teacher_eval": evals}}, "model"),
+        "evaluation": _publish_json(store, tmp_path, f"eval-{tag}.json", {
+            "mc_mean": mc, "mc_mean_stderr": 0.01, "tasks": {},
+            "per_item": {"t": {str(i): float(i < 100 * mc) for i in range(100)}}}, "evaluation"),
+        "verification": _publish_json(store, tmp_path, f"verify-{tag}.json", {
+            "measured": costs, "noise": {}, "predicted": costs, "ok": True,
+            "prediction_error": {}, "violations": [], "measurement": {}}, "verification"),
+        "limits": {"max_tpot_ms": 3.5},
+        **teacher_refs,
+    }
+    options = {"distill": {"seed": seed}, "search": {"dnas": {"seed": seed}}}
+    return SweepPoint(label=tag, overrides={"workload": "interactive-cpu",
+                                            "budget_fraction": 0.4, "method": method,
+                                            "options": options}, outputs=outputs,
+                      steps=[{"name": "arch", "seconds": 1.0}])
+
+
+def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_path):
+    from transformers import LlamaConfig
+
+    from flows.sweep import SweepPoint, SweepReport
+
+    store = Store.from_uri(tmp_path / "store")
+    teacher_dir = tmp_path / "teacher"
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2,
+                vocab_size=128).save_pretrained(teacher_dir)
+    teacher_refs = {
+        "teacher": store.publish(teacher_dir, "teacher"),
+        "teacher_eval": _publish_json(store, tmp_path, "teacher-eval.json", {
+            "mc_mean": 0.6, "per_item": {"t": {"0": 1.0}}}, "evaluation"),
+        "teacher_verification": _publish_json(store, tmp_path, "teacher-verify.json", {
+            "measured": {}, "noise": {}, "predicted": {}, "ok": False,
+            "prediction_error": {}}, "verification"),
+    }
+    points = [_point(store, tmp_path, m, s, mc, teacher_refs)
+              for m, mc in (("autocompress", 0.5), ("minitron", 0.4)) for s in (0, 1)]
+    failed = SweepPoint(label="greedy0", error="no architecture meets the limits",
+                        overrides={"workload": "interactive-cpu", "budget_fraction": 0.4,
+                                   "method": "greedy",
+                                   "options": {"distill": {"seed": 0}}})
+    args = compare.build_parser().parse_args(["--presets", "interactive-cpu", "--budgets",
+                                              "0.4", "--seeds", "0", "1", "--reduced"])
+    data = compare.build_results(SweepReport(points=[*points, failed], score_metric="mc_mean",
+                                             cost_metrics=["tpot_ms"]), args, wall_s=1.0)
+    json.dumps(data)  # JSON-ready
+    run = data["runs"][0]
+    assert data["version"] == 3 and data["reduced"] and data["teacher"]["params"] > 0
+    assert [e["seed"] for e in run["methods"]["autocompress"]["seeds"]] == [0, 1]
+    assert run["methods"]["greedy"] == {"seeds": [], "failed": {"0": failed.error}}
+    entry = run["methods"]["minitron"]["seeds"][1]
+    assert entry["params"] == 1001 and entry["verify_ok"] and entry["measured"]["tpot_ms"] == 3
+    assert len(entry["per_item"]["t"]) == 100 and entry["scored_candidates"] == 7
+    v = report.verdicts(data)[0]
+    assert v["method"] == "autocompress" and v["mc_delta"] == pytest.approx(0.1)
+    assert v["paired"]["mc"]["overall"]["low"] > 0  # nested wins: every item diff >= 0
+
+
+def test_the_importance_criterion_is_part_of_the_importance_stage_key():
+    from autocompress.artifacts import ArtifactRef
+    from autocompress.importance import CalibrationConfig
+    from tasks.code_key import OUR_PACKAGES, code_files
+    from tasks.prune import score_importance
+
+    ref = ArtifactRef(uri="file:///x", sha256="a" * 64, kind="model")
+
+    def key(options):
+        return score_importance.cache_policy.compute_key(
+            None, {"teacher": ref, "corpus": ref, "options": options}, {})
+
+    assert key({"criterion": "taylor"}) != key({"criterion": "activation"})
+    assert CalibrationConfig.model_validate({"criterion": "taylor"}).criterion == "taylor"
+    # The default lives in importance.py, whose source is in the stage's code key.
+    assert any(p.name == "importance.py" for p in code_files("tasks.prune", OUR_PACKAGES))
