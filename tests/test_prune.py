@@ -35,11 +35,12 @@ def _layer(heads, kv, width):
 # ---------------------------------------------------------------- importance
 
 
-def test_importance_is_invariant_to_batch_split():
+@pytest.mark.parametrize("criterion", ["activation", "taylor"])
+def test_importance_is_invariant_to_batch_split(criterion):
     model = tiny_model("llama")
     ids = torch.cat(_batches(count=2))
-    split = compute_importance(model, list(ids.split(1)), removal_batches=0)
-    whole = compute_importance(model, [ids], removal_batches=0)
+    split = compute_importance(model, list(ids.split(1)), removal_batches=0, criterion=criterion)
+    whole = compute_importance(model, [ids], removal_batches=0, criterion=criterion)
     torch.testing.assert_close(split.hidden, whole.hidden)
     torch.testing.assert_close(split.ffn[1], whole.ffn[1])
     torch.testing.assert_close(split.heads[2], whole.heads[2])
