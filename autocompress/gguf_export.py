@@ -10,7 +10,11 @@ differs from our model in three places; the *layout plan* (``gguf_layout``)
 represents each case so that the engine computes the same function:
 
 - a layer whose blocks are both removed is the identity: it is left out of the
-  file (an entirely empty *last* layer would also abort the engine at decode);
+  file, except the last one, which is written as a zero FFN (``n_ff = 1``, zero
+  ``ffn_down``) without attention. The engine runs its last layer's FFN on the
+  output rows only, so keeping the model's last layer last keeps every other
+  FFN's prefill cost where the cost model puts it (and an entirely empty last
+  layer would abort the engine at decode);
 - ``n_ff == 0`` skips the residual add of that layer's attention output, so an
   attention-only layer is written with ``n_ff = 1`` and a zero ``ffn_down``
   (the FFN then adds exactly zero);
@@ -88,8 +92,9 @@ def gguf_architecture(spec: ArchSpec) -> str:
 def gguf_layout(spec: ArchSpec) -> list[GGUFLayer]:
     """The layers as the file holds them, with the ``deci`` traps represented exactly."""
     layers: list[GGUFLayer] = []
+    last = len(spec.layers) - 1
     for index, layer in enumerate(spec.layers):
-        if layer.is_empty:
+        if layer.is_empty and (index < last or not layers):
             continue
         att, ffn = layer.attention, layer.ffn
         dummy = att is None and not layers
@@ -383,10 +388,13 @@ def _notes(spec: ArchSpec, layout: list[GGUFLayer], fallback: list[str], dtype: 
     if any(la.dummy_attention for la in layout):
         notes.append("first layer has no attention: written with 1 q / 1 KV head and a zero "
                      "attn_output (llama.cpp reads the head size through layer 0)")
-    zero = sum(la.zero_ffn for la in layout)
+    zero = sum(la.zero_ffn and la.n_head > 0 for la in layout)
     if zero:
         notes.append(f"{zero} attention-only layer(s) written with n_ff=1 and a zero ffn_down "
                      "(llama.cpp's deci skips the residual add when n_ff=0)")
+    if layout[-1].n_head == 0 and layout[-1].zero_ffn:
+        notes.append("the empty last layer is kept as a zero FFN (the engine runs its last "
+                     "layer's FFN on the output rows only)")
     if fallback and dtype not in ("f32", "f16"):
         notes.append(f"{len(fallback)} weight(s) with rows not a multiple of 32 written in f16")
     return notes

@@ -45,11 +45,26 @@ def _fitted_like_cpu_model() -> CostModel:
                      activation=activation)
 
 
+def _fitted_like_llamacpp_model() -> CostModel:
+    """The same arbitrary coefficients on llama.cpp, whose features depend on the layer
+    (the last layer's FFN runs on the output rows) and on the KV view."""
+    model = _fitted_like_cpu_model()
+    rng = random.Random(4)
+    extra = ["attn.view_cells", "attn.tile_cells", "attn.vector_cells"]
+    timing = LinearLaw(prefill={**model.timing.prefill, **{n: rng.uniform(0, 1e-6) for n in extra}},
+                       decode={**model.timing.decode, "attn.view_cells": 1e-6})
+    activation = ActivationLaw(coefficients={**model.activation.coefficients,
+                                             "const.mask_bytes": 0.7})
+    return CostModel(target=Target.parse("cpu-local/llama.cpp/q8_0"), timing=timing,
+                     activation=activation)
+
+
 MODELS = {
     "vllm-h100": lambda: CostModel.analytic(Target.parse("h100-sxm/vllm/bf16")),
     "trtllm-5070-fp8": lambda: CostModel.analytic(Target.parse("rtx-5070/trtllm/fp8")),
     "hf-eager-tp2": lambda: CostModel.analytic(Target.parse("h200/hf-eager/bf16", tp=2)),
     "fitted-cpu": _fitted_like_cpu_model,
+    "fitted-llamacpp": _fitted_like_llamacpp_model,
 }
 
 

@@ -102,7 +102,9 @@ def test_first_layer_without_attention_and_empty_last_layer(tmp_path):
     model = _model(layers, seed=5)
     _check(model, tmp_path / "first.gguf")
     layout = gguf_layout(ArchSpec.from_hf_config(model.config))
-    assert layout[0].dummy_attention and len(layout) == 4
+    # The empty last layer stays last, as a zero FFN without attention.
+    assert layout[0].dummy_attention and len(layout) == 5
+    assert layout[-1].source == 4 and layout[-1].n_head == 0 and layout[-1].zero_ffn
 
 
 @pytest.mark.parametrize(("dtype", "bound"), [("f16", 0.005), ("q8_0", 0.06)])

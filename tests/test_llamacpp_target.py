@@ -48,6 +48,39 @@ def test_parse_engine_targets():
             Target.parse(bad)
 
 
+def test_attention_work_follows_the_engines_flash_attention():
+    """Features count llama.cpp's flash-attention work: the padded KV view (``get_n_kv``:
+    a multiple of 256, at least 256, at most the sequence's cells), 64 × 64 tiles for
+    micro-batches of ≥ 64 queries per sequence, visible cells one by one below that;
+    for this engine only."""
+    from autocompress.costmodel.blocks import Env, block_shape, decode_features
+    from autocompress.costmodel.measure_llamacpp import (
+        decode_kv_view_cells,
+        prefill_attention_work,
+    )
+    from autocompress.costmodel.workload import PRESETS
+    from autocompress.modeling.loading import arch_spec_of
+
+    local, datacenter = PRESETS["local-coding-cpu"], PRESETS["datacenter-cpu"]
+    # 512 prompt tokens: one micro-batch, 8 query tiles × 1..8 causal KV tiles;
+    # decoding past 512 cells pads the view to 768.
+    assert prefill_attention_work(local) == (512 * 512, 36 * 64 * 64, 0)
+    assert decode_kv_view_cells(local) == 768
+    # 6 sequences of 128: micro-batches of 85 (tiles: 64 + 21 queries → 1 + 2 pairs)
+    # then 43 queries per sequence (vector path: positions 85..127 see 86..128 cells).
+    vector = sum(range(86, 129))
+    assert prefill_attention_work(datacenter) == (6 * 128 * 256, 6 * 3 * 64 * 64, 6 * vector)
+    assert decode_kv_view_cells(datacenter) == 6 * 256
+    long = Workload(name="long", isl=1200, osl=8, batch=1)  # micro-batches of 512, 512, 176
+    assert prefill_attention_work(long).view == 512 * 512 + 512 * 1024 + 176 * 1280
+
+    spec = arch_spec_of(_base_config())
+    for target, expected in ((TARGET, 768 * 4), ("cpu-local/hf-eager/fp32", None)):
+        env = Env.of(spec, local, Target.parse(target))
+        features = decode_features(block_shape(spec.layers[0].attention, 32, env), 32, env)
+        assert features.get("attn.view_cells") == expected
+
+
 def test_measure_fit_and_verify_in_the_engine(tmp_path):
     """Multi-sequence runs in the engine; the fitted memory is the engine's buffers."""
     from autocompress.costmodel.fit import fit_cost_model

@@ -212,9 +212,10 @@ def _tabulate(model, reference: ArchSpec, workload: Workload, hidden_options: li
         env = model.env(reference.model_copy(update={"hidden_size": hidden}), workload)
         for layer, layer_options in enumerate(options):
             for k, option in enumerate(layer_options):
-                key = (option, hidden)
+                last = layer == len(options) - 1
+                key = (option, hidden, last)
                 if key not in cache:
-                    blk = block_shape(option, hidden, env)
+                    blk = block_shape(option, hidden, env, last)
                     cache[key] = (model.block_ms("prefill", blk, hidden, env),
                                   model.block_ms("decode", blk, hidden, env),
                                   model.block_memory(blk, hidden, env))

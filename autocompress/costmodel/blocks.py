@@ -17,6 +17,12 @@ activation element:
 - FFN GEMM weights: P = 3·h·I;
 - decode step: 2·B·P FLOPs, P·b_w weight bytes, B·c·KV·b_kv cache bytes;
 - prefill: 2·N·P FLOPs, plus B·n_q·d·S² for QKᵀ and AV under a causal mask.
+
+llama.cpp adds what its CPU kernels do (``Env.kv_cells``; see
+``measure_llamacpp.AttentionWork``): attention reads a KV view padded to 256
+cells, computes 64 × 64 tiles in the prefill (one by one below 64 queries per
+sequence), its compute buffer holds a mask over the cells, and the last layer's
+FFN runs on the output rows only.
 """
 
 from __future__ import annotations
@@ -45,10 +51,23 @@ class Env:
     bytes_kv: float
     bytes_act: float
     tp: int
+    # llama.cpp only (0 / False for other engines): KV cells per sequence, whose
+    # mask its compute buffer holds and whose padded view its attention reads
+    # (``prefill_attention``, ``decode_view_cells``); its last layer's FFN runs on
+    # the output rows only (``get_rows`` of the last tokens before it), so that
+    # FFN's prefill is as cheap as a decode step.
+    kv_cells: int = 0
+    last_ffn_on_outputs: bool = False
 
     @classmethod
     def of(cls, spec: ArchSpec, workload: Workload, target: Target) -> Env:
+        engine = {}
+        if target.engine.name == "llama.cpp":
+            from autocompress.costmodel.measure_llamacpp import context_per_sequence
+
+            engine = {"kv_cells": context_per_sequence(workload), "last_ffn_on_outputs": True}
         return cls(
+            **engine,
             spec=spec,
             batch=workload.batch,
             isl=workload.isl,
@@ -64,6 +83,25 @@ class Env:
     def tokens(self) -> int:
         """Prefill tokens N = B·S."""
         return self.batch * self.isl
+
+    @property
+    def prefill_attention(self) -> tuple[float, ...]:
+        """llama.cpp's flash-attention work in the prefill (``AttentionWork``), or zeros."""
+        if not self.kv_cells:
+            return (0.0, 0.0, 0.0)
+        from autocompress.costmodel.measure_llamacpp import prefill_work
+
+        return tuple(prefill_work(self.batch, self.isl, self.kv_cells))
+
+    @property
+    def decode_view_cells(self) -> float:
+        """KV-view cells llama.cpp's attention reads per decode step, or 0."""
+        if not self.kv_cells:
+            return 0.0
+        from autocompress.costmodel.measure_llamacpp import decode_view
+
+        steps = self.final_context - self.isl  # osl − 1
+        return decode_view(self.batch, self.isl, steps, self.kv_cells)
 
     @property
     def head_dim(self) -> int:
@@ -84,10 +122,13 @@ class BlockShape:
     q_heads: int  # per rank
     kv_heads: int  # per rank (replicated when n_kv < tp)
     width: int  # FFN width per rank (0 for attention)
+    outputs_only: bool = False  # prefill runs on the output rows only (Env.last_ffn_on_outputs)
 
 
-def block_shape(option: BlockOption, hidden: int, env: Env) -> BlockShape | None:
-    """The block's sizes, or None for a no-op (removed) block."""
+def block_shape(option: BlockOption, hidden: int, env: Env,
+                last_layer: bool = False) -> BlockShape | None:
+    """The block's sizes, or None for a no-op (removed) block; ``last_layer``: the
+    block belongs to the model's last layer."""
     if option is None:
         return None
     tp = env.tp
@@ -104,7 +145,8 @@ def block_shape(option: BlockOption, hidden: int, env: Env) -> BlockShape | None
         width = -(-option.intermediate_size // tp)
         gemm = 3 * hidden * width
         full_gemm = 3 * hidden * option.intermediate_size
-        return BlockShape("ffn", gemm + params - full_gemm, gemm, 0, 0, width)
+        return BlockShape("ffn", gemm + params - full_gemm, gemm, 0, 0, width,
+                          outputs_only=last_layer and env.last_ffn_on_outputs)
     raise TypeError(f"not a block option: {option!r}")
 
 
@@ -140,12 +182,19 @@ def decode_features(shape: BlockShape | None, hidden: int, env: Env) -> dict[str
             "attn.kv_bytes": b * env.decode_context * kv_elements_per_token(shape, env)
             * env.bytes_kv,
             "attn.context": b * env.decode_context * shape.q_heads * env.head_dim,
+            **_engine_attention(shape, {"view_cells": env.decode_view_cells}),
         }
     return {
         "ffn.call": 1.0,
         "ffn.weight_bytes": shape.gemm_params * env.bytes_weight,
         "ffn.flops": 2.0 * b * shape.gemm_params,
     }
+
+
+def _engine_attention(shape: BlockShape, cells: dict[str, float]) -> dict[str, float]:
+    """llama.cpp's flash-attention work (``Env.prefill_attention``) × this block's
+    query heads; nothing for engines that do not report it."""
+    return {f"attn.{name}": value * shape.q_heads for name, value in cells.items() if value}
 
 
 def decode_const_features(hidden: int, env: Env) -> dict[str, float]:
@@ -170,7 +219,10 @@ def prefill_features(shape: BlockShape | None, hidden: int, env: Env) -> dict[st
             "attn.tokens": n * (shape.q_heads + 2 * shape.kv_heads) * env.head_dim,
             "attn.scores": env.batch * shape.q_heads * env.head_dim * env.isl**2,
             "attn.hidden": n * hidden,
+            **_engine_attention(shape, dict(zip(("view_cells", "tile_cells", "vector_cells"),
+                                                env.prefill_attention, strict=True))),
         }
+    n = env.batch if shape.outputs_only else n
     return {
         "ffn.call": 1.0,
         "ffn.flops": 2.0 * n * shape.gemm_params,
@@ -203,7 +255,8 @@ def activation_features(shape: BlockShape | None, hidden: int, env: Env) -> dict
             "attn.qkv_bytes": n * (shape.q_heads + 2 * shape.kv_heads) * env.head_dim * a,
             "attn.score_bytes": env.batch * shape.q_heads * env.isl**2 * a,
         }
-    return {"ffn.width_bytes": n * shape.width * a}
+    rows = env.batch if shape.outputs_only else n
+    return {"ffn.width_bytes": rows * shape.width * a}
 
 
 def decode_activation_features(shape: BlockShape | None, env: Env) -> dict[str, float]:
@@ -219,8 +272,11 @@ def decode_activation_features(shape: BlockShape | None, env: Env) -> dict[str, 
 
 def activation_const_features(hidden: int, env: Env, tokens: int) -> dict[str, float]:
     """Bytes alive during every block: residual stream and normed copies, last logits."""
-    return {
+    features = {
         "const.one": 1.0,
         "const.hidden_bytes": tokens * hidden * env.bytes_act,
         "const.logit_bytes": env.batch * env.vocab * 4.0,  # last-token logits, fp32
     }
+    if env.kv_cells:  # llama.cpp: the attention mask, f16, one row of KV cells per token
+        features["const.mask_bytes"] = tokens * env.kv_cells * 2.0
+    return features

@@ -184,9 +184,10 @@ def static_memory_candidates(model: CostModel, spec: ArchSpec, workload: Workloa
     fixed = const["weights"] + const["overhead"]
     pre_const = activation_const_features(h, act_env, act_env.tokens)
     candidates = []
-    for layer in spec.layers:
+    last = len(spec.layers) - 1
+    for index, layer in enumerate(spec.layers):
         for option in (layer.attention, layer.ffn):
-            shape = block_shape(option, h, env)
+            shape = block_shape(option, h, env, index == last)
             if shape is None:
                 continue
             block = model.block_memory(shape, h, env)

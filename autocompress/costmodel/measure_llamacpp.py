@@ -36,11 +36,13 @@ other jobs on a shared CPU only ever add time:
 
 from __future__ import annotations
 
+import functools
 import random
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -63,6 +65,83 @@ def context_per_sequence(workload: Workload) -> int:
     """KV cells the engine gives each sequence for this workload."""
     need = workload.isl + workload.osl
     return -(-need // CONTEXT_ROUNDING) * CONTEXT_ROUNDING
+
+
+# The work of llama.cpp's CPU flash attention (``ggml_compute_forward_flash_attn_ext``
+# in ggml-cpu/ops.cpp), per query head, summed over all sequences:
+#
+# - It attends over a KV *view* padded to a multiple of 256 cells (at least 256, at
+#   most the sequence's cells: ``llama_kv_cache::get_n_kv``), so that the graph
+#   stays the same across steps, and reads the mask of every cell of the view.
+# - A prefill of ``batch`` sequences runs in micro-batches of ``512 // batch``
+#   tokens per sequence (``split_equal``; one sequence: 512), each one against the
+#   view of the cells filled so far.
+# - A micro-batch with at least 64 queries per sequence takes the tiled path: 64
+#   queries × 64 cells per tile, a full-size GEMM for every tile pair that is not
+#   entirely masked (a partial tile costs a whole one). With fewer queries (and in
+#   decode) each query visits its visible cells one by one, a slower vector path.
+KV_VIEW_PADDING = 256
+FLASH_TILE = 64
+
+
+class AttentionWork(NamedTuple):
+    """Flash-attention cells per query head, all sequences (see above)."""
+
+    view: float  # mask cells read (query × view cell)
+    tiles: float  # cells of the tiles the GEMM path computes
+    vector: float  # visible cells of the vector path
+
+
+def _kv_view(filled: np.ndarray, cells: int) -> np.ndarray:
+    padded = -(-filled // KV_VIEW_PADDING) * KV_VIEW_PADDING
+    return np.minimum(cells, np.maximum(KV_VIEW_PADDING, padded))
+
+
+def prefill_attention_work(workload: Workload) -> AttentionWork:
+    """The flash-attention work of the whole prefill (per query head, all sequences)."""
+    return prefill_work(workload.batch, workload.isl, context_per_sequence(workload))
+
+
+@functools.lru_cache(maxsize=4096)
+def prefill_work(batch: int, isl: int, cells: int) -> AttentionWork:
+    """``prefill_attention_work`` of ``batch`` prompts of ``isl`` tokens, ``cells`` each."""
+    per_ubatch = ENGINE_UBATCH if batch == 1 else ENGINE_UBATCH // batch
+    work = _sequence_work(max(1, per_ubatch), isl, cells)
+    return AttentionWork(*(batch * value for value in work))
+
+
+def _sequence_work(per_ubatch: int, isl: int, cells: int) -> tuple[float, float, float]:
+    """One sequence of ``isl`` tokens in micro-batches of ``per_ubatch``: (view, tiles,
+    vector) cells. Vectorised: ``max_context`` asks about prompts of millions of tokens."""
+    starts = np.arange(0, isl, per_ubatch, dtype=np.int64)
+    ends = np.minimum(starts + per_ubatch, isl)
+    queries = ends - starts
+    view = float((queries * _kv_view(ends, cells)).sum())
+    # Vector path (< 64 queries): the query at position p sees cells 0..p.
+    small = queries < FLASH_TILE
+    vector = float(((starts + 1 + ends) * queries)[small].sum() / 2)
+    # Tiled path: each tile of 64 queries computes every 64-cell tile up to its last query.
+    tiled_starts, tiled_ends = starts[~small], ends[~small]
+    per_batch = -(-(tiled_ends - tiled_starts) // FLASH_TILE)
+    offsets = np.arange(per_batch.sum()) - np.repeat(np.cumsum(per_batch) - per_batch, per_batch)
+    first = np.repeat(tiled_starts, per_batch) + offsets * FLASH_TILE
+    last = np.minimum(first + FLASH_TILE, np.repeat(tiled_ends, per_batch)) - 1
+    tiles = float((last // FLASH_TILE + 1).sum()) * FLASH_TILE * FLASH_TILE
+    return view, tiles, vector
+
+
+def decode_kv_view_cells(workload: Workload) -> float:
+    """KV-view cells one decode step visits (all sequences), averaged over the steps."""
+    return decode_view(workload.batch, workload.isl, workload.decode_steps,
+                       context_per_sequence(workload))
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_view(batch: int, isl: int, steps: int, cells: int) -> float:
+    """``decode_kv_view_cells`` of ``steps`` decode steps after ``isl`` prompt tokens."""
+    if steps < 1:
+        return 0.0
+    return float(batch * _kv_view(isl + 1 + np.arange(steps), cells).mean())
 
 
 def open_session(path: str | Path, workload: Workload, threads: int):

@@ -335,9 +335,10 @@ class CostModel(BaseModel):
     # -------------------------------------------------- named predictions
     def _blocks(self, spec: ArchSpec, env: Env) -> list[BlockShape | None]:
         shapes = []
-        for layer in spec.layers:
+        last = len(spec.layers) - 1
+        for index, layer in enumerate(spec.layers):
             shapes.append(block_shape(layer.attention, spec.hidden_size, env))
-            shapes.append(block_shape(layer.ffn, spec.hidden_size, env))
+            shapes.append(block_shape(layer.ffn, spec.hidden_size, env, index == last))
         return shapes
 
     def _latency(self, phase: Phase, spec: ArchSpec, workload: Workload) -> float:
@@ -360,10 +361,11 @@ class CostModel(BaseModel):
         env = self.env(spec, workload)
         h = spec.hidden_size
         const = self.const_memory(h, env)
+        last = len(spec.layers) - 1
         layers = [
             (self.block_memory(block_shape(layer.attention, h, env), h, env),
-             self.block_memory(block_shape(layer.ffn, h, env), h, env))
-            for layer in spec.layers
+             self.block_memory(block_shape(layer.ffn, h, env, index == last), h, env))
+            for index, layer in enumerate(spec.layers)
         ]
         weights = const["weights"] + sum(a["weights"] + f["weights"] for a, f in layers)
         kv = sum(a["kv_final"] for a, _ in layers)
