@@ -20,7 +20,11 @@ the validation. Run it alone. On 2 quiet cores the defaults take about 22
 minutes (7 to fit, 15 to validate); ``--absolute`` about 6.
 
     .venv/bin/python bench/costmodel_validate.py [--n 30] [--probes 20] [--repeats 5]
-        [--fit-repeats 3] [--threads 1] [--out bench/results/costmodel_validate.json]
+        [--fit-repeats 3] [--threads 1] [--target cpu-local/hf-eager/fp32]
+        [--out bench/results/costmodel_validate.json]
+
+``--target cpu-local/llama.cpp/q8_0`` does the same in llama.cpp (each model
+exported to GGUF; about 10 minutes on 2 cores at load 8).
 """
 
 from __future__ import annotations
@@ -44,8 +48,13 @@ TAU_GOAL = 0.9
 
 def joint_fit_and_validate(target, base, workloads, args):
     """Probes and validation architectures measured together, fitted on the probes only."""
-    from autocompress.costmodel.fit import fit_from_rows, fit_report, rows_from_grid
-    from autocompress.costmodel.measure import measure_grid, timing_reference
+    from autocompress.costmodel.fit import (
+        fit_from_rows,
+        fit_report,
+        measure_on_target,
+        rows_from_grid,
+    )
+    from autocompress.costmodel.measure import timing_reference
     from autocompress.costmodel.probes import ProbeSampler
     from autocompress.costmodel.validate import sample_specs, score_measurements
     from autocompress.modeling import arch_spec_of, build_model
@@ -56,8 +65,9 @@ def joint_fit_and_validate(target, base, workloads, args):
     held_out = sample_specs(base_spec, args.n, seed=1000)
     models = [build_model(s, base, seed=i) for i, s in enumerate([*probes, *held_out])]
     reference = None if args.absolute else timing_reference(base_spec)
-    grid = measure_grid(models, workloads, repeats=args.repeats, warmup=args.warmup,
-                        description="probes + validation", reference=reference)
+    grid = measure_on_target(target, models, workloads, repeats=args.repeats,
+                             warmup=args.warmup, description="probes + validation",
+                             reference=reference)
     rows = rows_from_grid(probes, workloads, [row[: len(probes)] for row in grid])
     model = fit_from_rows(target, rows, args.statistic)
     model = model.model_copy(update={"fit": fit_report(
@@ -77,7 +87,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="validation repetitions")
     parser.add_argument("--fit-repeats", type=int, default=3, help="fitting repetitions")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--target", default="cpu-local/hf-eager/fp32",
+                        help="a measurable target, e.g. cpu-local/llama.cpp/q8_0")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (llama.cpp: the engine's threads)")
     parser.add_argument("--workload", action="append", help="workload preset (repeatable)")
     parser.add_argument("--statistic", choices=("median", "floor"), default="median",
                         help="timing statistic to fit and score (floor on a busy machine)")
@@ -103,7 +116,8 @@ def main() -> None:
     workloads = [get_workload(n) for n in (args.workload or CPU_FIT_WORKLOADS)]
     base = default_base_config()
     profile = load_profile()
-    target = Target.parse("cpu-local/hf-eager/fp32", profile=profile)
+    target = Target.parse(args.target, profile=profile, threads=args.threads)
+    load_before = os.getloadavg()
 
     if args.joint:
         model, report, fit_seconds = joint_fit_and_validate(target, base, workloads, args)
@@ -144,6 +158,7 @@ def main() -> None:
     payload = report.model_dump(mode="json")
     payload.update({
         "fit_seconds": fit_seconds,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
         "validate_seconds": report.seconds,
         "probes": args.probes,
         "fit_repeats": args.fit_repeats,
