@@ -120,6 +120,13 @@ def test_every_candidate_that_could_meet_the_limit_is_timed(ctx):
     assert [c.params for c in quick.scored] == [c.params for c in full.scored]
     assert len(quick.timed) < len(full.timed)
 
+    def untimeable(spec):
+        raise AssertionError("a memory limit alone is met as predicted: nothing to time")
+
+    memory = {"memory_gb": ctx.teacher_costs()["memory_gb"]}
+    assert not minitron_matched(ctx.space, ctx.importance, ctx.costs, memory, untimeable,
+                                config=CONFIG.minitron).timed
+
 
 def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
         tiny_corpus, tiny_tokenizer, autocompress_home):

@@ -306,7 +306,7 @@ def minitron_matched(space: SearchSpace, importance: Importance, costs,
     for cand in pool:
         cand.costs = tables.evaluate(cand.choice)
     timed: list[Candidate] = []
-    if measure is None:
+    if measure is None or not set(budgets) & set(TIMING_METRICS):  # memory: as predicted
         meeting = [c for c in pool if feasible(c.costs, budgets)]
     else:
         timed = time_candidates(space, pool, budgets, measure, config, progress)
