@@ -178,7 +178,7 @@ def verify(
         violations=[c.metric for c in checks if not c.ok],
         prediction_error=_relative_errors(predicted, measured),
         prediction_note=note, cost_model=cost_model.version,
-        measurement=_measurement_detail(measurement, statistic),
+        measurement=_measurement_detail(measurement, statistic, target.engine.name),
     )
 
 
@@ -246,15 +246,20 @@ def _relative_errors(predicted: dict | None, measured: dict[str, float]) -> dict
             if k in predicted and v and math.isfinite(v) and math.isfinite(predicted[k])}
 
 
-# What the hf-eager engine times (see the module docstring).
-WHAT_IS_TIMED = ("forward passes as generate makes them (prefill, then one decode step per "
+# What each measurable engine times (see the module docstring and costmodel/measure*.py).
+WHAT_IS_TIMED = {
+    "hf-eager": ("forward passes as generate makes them (prefill, then one decode step per "
                  "token with a DynamicCache, greedy argmax); generate's own per-token Python "
-                 "work is not included")
+                 "work is not included"),
+    "llama.cpp": ("the GGUF served by llama.cpp: one llama_decode of the whole prompt batch "
+                  "(plus each sequence's argmax), then one decode call per output token for "
+                  "all sequences; memory as the engine reports its buffers"),
+}
 
 
-def _measurement_detail(measurement, statistic: str) -> dict:
+def _measurement_detail(measurement, statistic: str, engine: str) -> dict:
     return {
-        "what": WHAT_IS_TIMED,
+        "what": WHAT_IS_TIMED[engine],
         "ttft_ms": measurement.ttft_ms.model_dump(),
         "tpot_ms": measurement.tpot_ms.model_dump(),
         "memory_method": measurement.memory_method,

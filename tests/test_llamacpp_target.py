@@ -110,6 +110,7 @@ def test_measure_fit_and_verify_in_the_engine(tmp_path):
                       repeats=2, warmup=0, cost_model=model)
     assert generous.ok and generous.measurement["memory_method"] == "llama.cpp-buffers"
     assert generous.predicted is not None and generous.measurement["timing"] == "paired"
+    assert "llama.cpp" in generous.measurement["what"]
     impossible = verify(path, target, TINY, Limits(max_memory_gb=1e-6), repeats=1, warmup=0,
                         cost_model=model)
     assert not impossible.ok and impossible.violations == ["memory_gb"]
