@@ -582,7 +582,8 @@ def _settings_text(data: dict) -> str:
             + f") for every method; seeds {', '.join(map(str, seeds))} (search and "
             "distillation); " + (f"benchmark items capped at {limit} per task; " if limit
                                  else "the full benchmark suite; ")
-            + f"search steps {s.get('search_steps')}.")
+            + f"search steps {s.get('search_steps')}."
+            + (f" More stage options: `{s['options']}`." if s.get("options") else ""))
 
 
 def _provenance(data: dict) -> str:
