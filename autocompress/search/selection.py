@@ -19,16 +19,17 @@ import torch
 
 from autocompress.arch import ArchSpec
 from autocompress.losses import kd_loss
+from autocompress.search.discretize import teacher_logits
 
 
 @torch.no_grad()
-def kl_to_teacher(teacher, student, batches: list[torch.Tensor]) -> float:
-    """Mean KL(teacher ‖ student) per token over ``batches`` (nats)."""
+def kl_to_teacher(student, batches: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """Mean KL(teacher ‖ student) per token over ``batches`` (nats), given the teacher's
+    logits on them (``reference``, computed once for all candidates)."""
     student.eval()
     total = 0.0
-    for batch in batches:
-        reference = teacher(input_ids=batch).logits
-        total += float(kd_loss(student(input_ids=batch).logits[:, :-1], reference[:, :-1]))
+    for batch, ref in zip(batches, reference, strict=True):
+        total += float(kd_loss(student(input_ids=batch).logits[:, :-1], ref[:, :-1]))
     return total / max(1, len(batches))
 
 
@@ -49,6 +50,8 @@ def short_distill_kl(teacher, importance, specs: list[ArchSpec], train, batches:
                                warmup_steps=max(1, steps // 10), ckpt_every=steps, seed=seed)
     values = []
     try:
+        with torch.no_grad():
+            reference = teacher_logits(teacher, batches)
         with tempfile.TemporaryDirectory(prefix="ac-selection-") as tmp:
             for i, spec in enumerate(specs):
                 student = prune(teacher, importance, spec)
@@ -56,7 +59,7 @@ def short_distill_kl(teacher, importance, specs: list[ArchSpec], train, batches:
                     out = Path(tmp) / f"candidate-{i}"
                     distill(teacher, student, DistillData(train=train), config, out,
                             work_dir=Path(tmp) / f"candidate-{i}.work")
-                values.append(kl_to_teacher(teacher, student, batches))
+                values.append(kl_to_teacher(student, batches, reference))
                 if progress is not None:
                     progress(i + 1, len(specs))
     finally:
