@@ -174,6 +174,7 @@ def method_entry(point) -> dict:
         "meets_limits_predicted": report["meets_limits"], "margins": report.get("margins"),
         "search_seconds": report.get("seconds"),
         "scored_candidates": report.get("scored_candidates"),
+        "selection": selection_record(report),
         "timings": {"arch_s": seconds.get("arch"), "distill_s": seconds.get("model"),
                     "eval_s": seconds.get("evaluation"), "verify_s": seconds.get("verification")},
         "files": {"arch": out["arch"].uri, "model": out["model"].uri},
@@ -187,6 +188,21 @@ def method_entry(point) -> dict:
                         for k in ("ttft_ms", "tpot_ms", "repeats", "threads")},
         "per_item": evaluation.get("per_item", {}),
     }
+
+
+def selection_record(report: dict) -> list[dict]:
+    """The final pick's short list (each candidate's KL right after pruning and after the
+    short distillation): the search's ``selection``, the baseline's ``scored`` top-k."""
+    if report.get("kind") == "minitron":
+        chosen = report.get("chosen") or {}
+        return [{"layers": c["num_layers"], "hidden_size": c["hidden_size"],
+                 "params": c["params"], "kl": c["score"],
+                 "chosen": (c["params"], c["score"]) == (chosen.get("params"),
+                                                         chosen.get("score"))}
+                for c in report.get("scored", []) if c.get("score") is not None]
+    return [{k: f.get(k) for k in ("origin", "layers", "blocks", "hidden_size", "params",
+                                   "estimate", "pruned_kl", "kl", "chosen")}
+            for f in report.get("selection", [])]
 
 
 def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict:

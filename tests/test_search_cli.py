@@ -41,9 +41,13 @@ def test_search_cli_writes_an_arch_meeting_the_limit(teacher_dir, tiny_corpus, t
     result = _invoke(["search", "--teacher", str(teacher_dir), "--target", TARGET,
                       "--workload", "interactive", "--budget-fraction", "0.9",
                       "--data", str(tiny_corpus), "--out", str(out), *FAST,
-                      "--score", "probability"])
+                      "--score", "probability", "--top-k", "3", "--distill-tokens", "256"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "arch.search.json").read_text())
+    short = report["selection"]  # the final pick: short-distilled, lowest KL wins
+    assert 1 < len(short) <= 3 and [f["chosen"] for f in short].count(True) == 1
+    chosen = next(f for f in short if f["chosen"])
+    assert chosen["kl"] == min(f["kl"] for f in short) and chosen["params"] == report["params"]
     spec = ArchSpec.from_json(out).complete_from(ArchSpec.from_json(json.dumps(report["arch"])))
     model = CostModel.for_target(Target.parse(TARGET))
     predicted = model.predict(spec, get_workload("interactive"))

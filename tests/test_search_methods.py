@@ -162,6 +162,64 @@ def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
     assert after < before
 
 
+# ------------------------------------------------------------------ the final pick
+
+
+def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(ctx):
+    from autocompress.search.discretize import measured_scores, repair
+    from autocompress.search.run import run_search
+    from autocompress.search.selection import repaired_finalists, select, shortlist
+    from autocompress.search.space import Choice
+
+    limits = Limits(max_tpot_ms=0.6 * ctx.teacher_costs()["tpot_ms"])
+    budgets = {"tpot_ms": limits.max_tpot_ms}
+    tables = CostTables(ctx.costs, ["tpot_ms"])
+    outcome = run_search(ctx, limits, CONFIG, progress=False)
+    short = outcome.report(ctx)["selection"]
+    assert 3 <= len(short) <= CONFIG.selection.top_k
+    assert short[0]["origin"] == "repair"  # repair's own answer is always in
+    choices = [Choice(f["choice"]["hidden"], tuple(f["choice"]["attention"]),
+                      tuple(f["choice"]["ffn"])) for f in short]
+    assert len(set(choices)) == len(short)
+    assert len({f["layers"] for f in short}) >= 3  # several depths compete
+    for f, choice in zip(short, choices, strict=True):
+        assert tables.evaluate(choice)["tpot_ms"] <= budgets["tpot_ms"]
+        assert f["kl"] == f["pruned_kl"] > 0  # no training in this config: KL after pruning
+    chosen = [f for f in short if f["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["kl"] == min(f["kl"] for f in short)
+    assert ctx.space.spec_of(choices[short.index(chosen[0])]) == outcome.spec
+
+    # Depth variants: the forced layers stay empty through repair, within the budget,
+    # down to the protected first and last layers.
+    anchor = outcome.discretized.anchor
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(CONFIG))
+    found = repair(ctx.space, ctx.costs, budgets, anchor, scores)
+    plain = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, False)
+    assert {f.origin for f in plain} == {"repair"} and plain[0].choice == found.choice
+    every = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, True)
+    variants = [f for f in every if f.origin != "repair"]
+    assert variants and min(f.layers for f in every) == 2
+    for f in variants:
+        assert all(ctx.space.spec_of(f.choice).layers[i].is_empty for i in f.extra["emptied"])
+        assert tables.evaluate(f.choice)["tpot_ms"] <= budgets["tpot_ms"]
+
+    # The short list takes each depth's best estimate first; a score that favours shallow
+    # models overrules the estimates made right after pruning, which favour deep ones.
+    listed = shortlist(every, 3)
+    assert len({f.layers for f in listed}) == 3
+    assert listed[0].estimate == min(f.estimate for f in every)
+    memo: dict = {}
+
+    def shallow_first(cs):
+        return [{"pruned_kl": 1.0, "kl": float(layers)}
+                for layers in (sum(not la.is_empty for la in ctx.space.spec_of(c).layers)
+                               for c in cs)]
+
+    best, _ = select(every, 3, shallow_first, memo)
+    assert best.layers == min(f.layers for f in listed) and len(memo) == 3
+    assert best.estimate > listed[0].estimate
+
+
 # ------------------------------------------------------------------ ablations
 
 

@@ -29,6 +29,7 @@ from autocompress.search.budgets import budgets_from_limits
 from autocompress.search.discretize import CostTables, Scores, repair, smallest_reachable
 from autocompress.search.dnas import DNAS, expected_budget_costs
 from autocompress.search.run import search_to_file
+from autocompress.search.selection import SelectionConfig
 from autocompress.search.space import Choice
 
 WORKLOAD = Workload(name="test", isl=64, osl=8, batch=2)
@@ -46,10 +47,12 @@ def cost_model() -> CostModel:
                      activation=ActivationLaw.default())
 
 
+# The search's core (DNAS, repair, checkpoints): its final pick keeps repair's answer here
+# (top_k 1); the final pick is tested in test_search_methods.py.
 CONFIG = SearchConfig(
     space=SpaceConfig(granularity=8),
     dnas=DNASConfig(steps=12, batch_size=2, seq_len=32, checkpoint_every=4, teacher_cache=4),
-    score_batches=1,
+    score_batches=1, selection=SelectionConfig(top_k=1),
 )
 
 

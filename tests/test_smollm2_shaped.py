@@ -61,7 +61,7 @@ def test_every_stage_runs_on_a_smollm2_shaped_model(teacher_dir, tiny_corpus, tm
          "--seq-len", 32, "--batch-size", 2, "--batches", 2, "--removal-batches", 1)
     _cli("search", "--teacher", teacher_dir, "--target", "h100-sxm/vllm/bf16", "--workload",
          "interactive", "--budget-fraction", 0.98, "--importance", imp, "--data", tiny_corpus,
-         "--steps", 6, "--batch-size", 2, "--seq-len", 32, "--out", arch)
+         "--steps", 6, "--batch-size", 2, "--seq-len", 32, "--top-k", 1, "--out", arch)
     layers = json.loads(arch.read_text())["layers"]
     for layer in layers:  # every kept attention still groups query heads over KV heads
         if layer.get("attention"):

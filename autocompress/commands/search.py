@@ -132,6 +132,13 @@ def search_command(
         "Default: .<out stem>.search-work beside --out."),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
     seed: int = typer.Option(0, help="Seed of the Gumbel noise and the batch order."),
+    top_k: int = typer.Option(
+        10, "--top-k", help="Final pick: this many distinct candidates (every depth's best "
+        "first) each get the baseline's short distillation; the lowest KL wins. 1 = repair's "
+        "answer, ranked right after pruning."),
+    distill_tokens: int = typer.Option(
+        32_768, help="Tokens of that short distillation (the baseline's default; 0 = rank by "
+        "KL right after pruning)."),
 ) -> None:
     """Search the architecture that keeps the most quality within the limits on a target.
 
@@ -144,7 +151,9 @@ def search_command(
     from autocompress.atomic import check_out_file
     from autocompress.errors import AutoCompressError
     from autocompress.search.dnas import DNASConfig
+    from autocompress.search.minitron import MinitronConfig
     from autocompress.search.run import SearchConfig, SearchContext, search_to_file
+    from autocompress.search.selection import SelectionConfig
     from autocompress.search.space import SpaceConfig
 
     if score not in ("measured", "probability"):
@@ -158,7 +167,8 @@ def search_command(
                           head_fractions=_fractions(head_fractions),
                           protect_first_last=protect_first_last, export_engine=export_engine),
         dnas=DNASConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed),
-        score=score, threads=threads,
+        score=score, threads=threads, selection=SelectionConfig(top_k=top_k),
+        minitron=MinitronConfig(distill_tokens=distill_tokens),
     )
     check_out_file(out)
     ctx = SearchContext.build(teacher, target, workload, config, importance=importance,

@@ -1,21 +1,23 @@
 """Ablations of the search: what the differentiable search adds, under the same rules.
 
 Both run on the search's ``SearchContext`` (teacher, importance, space, cost
-model), meet the same budgets under the same cost tables and go through the same
-measured loop on the target (``run.measured_loop``: time the pick, re-aim a
-missed timing budget by the cost model's error on it, pick again):
+model), meet the same budgets under the same cost tables, make the same final
+pick (``run.FinalPick``: the short list of their candidates, each given the
+baseline's short distillation) and go through the same measured loop on the
+target (``run.measured_loop``: time the pick, re-aim a missed timing budget by
+the cost model's error on it, pick again):
 
 - ``greedy`` — repair from the teacher without DNAS. The anchor is the teacher
   itself; every option of every block (and every hidden size) is scored by the
   measured KL change of that one change on the search's score batches, and the
   search's own ``repair`` (restore feasibility cheapest-first, fill slack, pair
-  exchanges, best hidden size) turns it into an architecture. The search scores
+  exchanges, every hidden size, and the depth variants) gives the candidates. The search scores
   only a neighbourhood of its DNAS answer; from the teacher that neighbourhood
   would forbid the widths a tight budget needs, so greedy scores every option.
 - ``random`` — random search in the same space. ``candidates`` legal
   architectures that the cost model predicts within the budgets are drawn, each
-  is scored by KL to the teacher on the same score batches, and the best one
-  (among those within the loop's current budgets) is picked. The default count
+  is scored by KL to the teacher on the same score batches, and those within the
+  loop's current budgets, best KL first, are the final pick's candidates. The default count
   is what the full search evaluates: one sampled architecture per DNAS step plus
   the most single-change scores its repair can take in this space (the search's
   report gives its exact count, ``scored_candidates``). Drawing uniformly over
@@ -50,6 +52,7 @@ from autocompress.search.discretize import (
 )
 from autocompress.search.measured import MeasuredRound
 from autocompress.search.run import (
+    FinalPick,
     RandomConfig,
     SearchConfig,
     SearchContext,
@@ -59,6 +62,7 @@ from autocompress.search.run import (
     raise_unreachable,
     shared_report,
 )
+from autocompress.search.selection import Finalist, layers_kept, repaired_finalists
 from autocompress.search.space import Choice, SearchSpace
 
 
@@ -153,12 +157,15 @@ class AblationOutcome:
 
 def _outcome(ctx: SearchContext, method: str, limits: Limits, budgets: dict[str, float],
              spec: ArchSpec, rounds: list[MeasuredRound], started: float, scored: int,
-             details: dict[str, Any]) -> AblationOutcome:
+             details: dict[str, Any], final: FinalPick) -> AblationOutcome:
     prediction, checks = final_check(ctx, spec, limits)
     return AblationOutcome(method=method, spec=spec, limits=limits, budgets=budgets,
                            prediction=prediction, checks=checks,
-                           seconds={"total": time.perf_counter() - started},
-                           scored_candidates=scored, details=details, measured_rounds=rounds)
+                           seconds={"total": time.perf_counter() - started,
+                                    "selection": final.seconds},
+                           scored_candidates=scored,
+                           details={**details, "selection": final.report()},
+                           measured_rounds=rounds)
 
 
 def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> AblationOutcome:
@@ -168,19 +175,21 @@ def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     space, anchor = ctx.space, ctx.space.full_choice()
     scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config), radius=None)
     inner = dict(budgets)
+    final = FinalPick(ctx, config)
 
     def pick(bounds):
         found = repair(space, ctx.costs, bounds, anchor, scores)
         if found is None:
             raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
-        return found
+        return final.choose(lambda: repaired_finalists(
+            space, ctx.costs, bounds, anchor, scores, found, final.depth)).found
 
     found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
                                   budgets, inner)
     return _outcome(ctx, "greedy", limits, budgets, space.spec_of(found.choice), rounds,
                     started, len(measured_job_list(space, anchor, None)) + 1,
                     {"choice": found.choice.to_dict(), "repair_changes": found.changes,
-                     "per_hidden": found.per_hidden})
+                     "per_hidden": found.per_hidden}, final)
 
 
 @torch.no_grad()
@@ -197,12 +206,15 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     batches = ctx.score_batches(config)
     reference = teacher_logits(ctx.model, batches)
     kl = {choice: choice_kl(ctx.masked, choice, batches, reference) for choice in pool}
+    final = FinalPick(ctx, config)
 
     def pick(bounds):
-        within = [c for c in pool if feasible(tables.evaluate(c), bounds)]
+        within = sorted((c for c in pool if feasible(tables.evaluate(c), bounds)),
+                        key=lambda c: (kl[c], c.hidden, c.attention, c.ffn))
         if not within:
             raise_unreachable(ctx, limits, budgets, as_measured=True)
-        return min(within, key=lambda c: (kl[c], c.hidden, c.attention, c.ffn))
+        return final.choose(lambda: [Finalist(c, kl[c], "random", layers_kept(space, c))
+                                     for c in within]).choice
 
     choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, dict(budgets))
     ranked = sorted(kl.values())
@@ -210,4 +222,4 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
                     len(pool), {"choice": choice.to_dict(), "kl": kl[choice], "sampling": drawn,
                                 "kl_of_candidates": {"min": ranked[0],
                                                      "median": float(np.median(ranked)),
-                                                     "max": ranked[-1]}})
+                                                     "max": ranked[-1]}}, final)

@@ -259,6 +259,8 @@ class Discretized:
     changes: list[dict[str, Any]] = field(default_factory=list)
     per_hidden: list[dict[str, Any]] = field(default_factory=list)
     score_source: str = ""
+    # The other hidden sizes' repaired choices, best first (the final selection's candidates).
+    alternatives: list[Discretized] = field(default_factory=list)
 
 
 def _moves(space: SearchSpace, choice: Choice) -> list[tuple[str, int, int]]:
@@ -389,7 +391,7 @@ def repair(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
     tables.check_memory(anchor)
     if not tables.exact_memory:
         tables.check_memory(space.full_choice())
-    best: Discretized | None = None
+    found: list[Discretized] = []
     per_hidden = []
     for h in range(len(space.hidden_options)):
         if not np.isfinite(scores.hidden[h]):
@@ -407,17 +409,17 @@ def repair(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
         total = scores.total(choice)
         per_hidden.append({"hidden": space.hidden_options[h], "feasible": True,
                            "score": total, "changes": len(log)})
-        if best is None or total < best.score:
-            best = Discretized(choice=choice, costs=current, score=total, anchor=anchor,
-                               anchor_costs=tables.evaluate(anchor), changes=log,
-                               score_source=scores.source)
-    if best is None:
+        found.append(Discretized(choice=choice, costs=current, score=total, anchor=anchor,
+                                 anchor_costs=tables.evaluate(anchor), changes=log,
+                                 score_source=scores.source))
+    if not found:
         return None
+    best, *others = sorted(found, key=lambda d: d.score)  # stable: ties keep the larger hidden
     if "memory_gb" in budgets and not tables.exact_memory:
         tables.check_memory(best.choice)
         if tables.exact_memory:  # the fast path drifted from the cost model: redo exactly
             return repair(space, costs, budgets, anchor, scores, exact_memory=True)
-    best.per_hidden = per_hidden
+    best.per_hidden, best.alternatives = per_hidden, others
     return best
 
 

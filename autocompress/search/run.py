@@ -3,7 +3,9 @@
 ``SearchContext.build`` loads the teacher, its importance (computed on the
 calibration split if not given), the cost model of the target and the search
 space with its cost tables. ``run_search`` then runs the DNAS, discretizes and
-repairs, and checks the result with ``CostModel.predict``; ``run_minitron``
+repairs, makes the final pick among its candidates after the baseline's short
+distillation (``FinalPick``, ``search.selection``) and checks the result with
+``CostModel.predict``; ``run_minitron``
 picks the Minitron baseline from the same context (same importance, same
 calibration data, same cost model); ``search.ablations`` has the greedy and
 random ablations. ``run_method`` / ``method_to_file`` choose one of ``METHODS``.
@@ -52,6 +54,12 @@ from autocompress.search.minitron import (
     minitron_for_params,
     minitron_matched,
 )
+from autocompress.search.selection import (
+    Finalist,
+    SelectionConfig,
+    repaired_finalists,
+    select,
+)
 from autocompress.search.space import SearchSpace, SpaceConfig
 from autocompress.search.trajectory import plot_trajectory, save_trajectory
 
@@ -96,6 +104,10 @@ class SearchConfig(BaseModel):
         "search's argmax (plus no-op); None = every option.",
     )
     minitron: MinitronConfig = Field(default_factory=MinitronConfig)
+    selection: SelectionConfig = Field(
+        default_factory=SelectionConfig,
+        description="The final pick of the search and its ablations: their top-k candidates "
+        "get the baseline's short distillation (search.minitron.distill_*).")
     random: RandomConfig = Field(default_factory=RandomConfig,
                                  description="The random-search ablation (method random).")
     calibration: CalibrationConfig = Field(
@@ -229,6 +241,7 @@ class SearchOutcome:
     # Architectures evaluated on data: one per DNAS step, then the anchor and its
     # single-change scores (what the random ablation gets as its count).
     evaluations: dict[str, int] = field(default_factory=dict)
+    selection: list[dict[str, Any]] = field(default_factory=list)
 
     def report(self, ctx: SearchContext) -> dict[str, Any]:
         space = ctx.space
@@ -249,6 +262,7 @@ class SearchOutcome:
             "search_completed": self.dnas.completed,
             "seconds": self.seconds,
             "measured_rounds": [r.model_dump() for r in self.measured_rounds],
+            "selection": self.selection,
             "space": space.describe(),
             "arch": self.spec.to_dict(),
         }
@@ -359,27 +373,63 @@ def run_search(
                                         radius=config.score_radius, progress=tick)
         bar.close()
     fallback = probability_scores(space, result.probabilities(space))
+    final = FinalPick(ctx, config, progress)
 
     def pick(bounds: dict[str, float]):
-        found = (repair(space, costs, bounds, anchor, option_scores)
-                 if option_scores is not None else None)
-        # probability scores cover the whole space
-        found = found or repair(space, costs, bounds, anchor, fallback)
+        used = option_scores
+        found = (repair(space, costs, bounds, anchor, used) if used is not None else None)
+        if found is None:  # probability scores cover the whole space
+            used = fallback
+            found = repair(space, costs, bounds, anchor, used)
         if found is None:
             raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
-        return found
+        return final.choose(lambda: repaired_finalists(
+            space, costs, bounds, anchor, used, found, final.depth)).found
 
     found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
                                    budgets, inner)
     t2, c2 = time.perf_counter(), time.process_time()
     spec = space.spec_of(found.choice)
     prediction, checks = final_check(ctx, spec, limits)
-    seconds = {"dnas": result.seconds, "scores_and_repair": t2 - t1,
-               "total": result.seconds + (t2 - t1),
+    seconds = {"dnas": result.seconds, "scores_and_repair": t2 - t1 - final.seconds,
+               "selection": final.seconds, "total": result.seconds + (t2 - t1),
                "cpu_total": result.cpu_seconds + (c2 - c1), "threads": torch.get_num_threads()}
     return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
                          checks=checks, dnas=result, discretized=found, seconds=seconds,
-                         measured_rounds=rounds, evaluations=evaluations)
+                         measured_rounds=rounds, evaluations=evaluations,
+                         selection=final.report())
+
+
+class FinalPick:
+    """The final pick of the search and its ablations (``selection.select``): the short list
+    of a method's candidates, each given the baseline's short distillation (the same
+    settings, ``config.minitron.distill_*``), lowest KL wins. Scores are kept across the
+    measured loop's rounds, and every round's short list is reported."""
+
+    def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False):
+        self.ctx, self.config, self.progress = ctx, config, progress
+        # Depth variants only matter when more than one candidate is ranked.
+        self.depth = config.selection.depth_variants and config.selection.top_k > 1
+        self.memo: dict = {}
+        self.rounds: list[list[dict[str, Any]]] = []
+        self.seconds = 0.0
+
+    def choose(self, finalists) -> Finalist:
+        """``finalists()``: the candidates (called only when there is a choice to make)."""
+        started = time.perf_counter()
+        k = self.config.selection.top_k
+        best, short = select(finalists(), k, self._score, self.memo)
+        self.rounds.append([{**f.describe(self.ctx.space), "chosen": f is best} for f in short])
+        self.seconds += time.perf_counter() - started
+        return best
+
+    def _score(self, choices) -> list[dict[str, float]]:
+        space = self.ctx.space
+        return short_distill(self.ctx, self.config, self.progress)(
+            [space.spec_of(c) for c in choices])
+
+    def report(self) -> list[dict[str, Any]]:
+        return self.rounds[-1] if self.rounds else []
 
 
 def run_minitron(
@@ -457,17 +507,25 @@ class _LazyBar:
 
 def _minitron_score(ctx: SearchContext, config: SearchConfig, progress: bool):
     """Minitron's ranking of its top-k: KL to the teacher after a short distillation."""
-    mc = config.minitron
-    if mc.top_k == 1:
+    if config.minitron.top_k == 1:
         return None
+    scores = short_distill(ctx, config, progress)
+    return lambda cands: [r["kl"] for r in scores([c.spec for c in cands])]
 
-    def score(cands):
-        from autocompress.search.selection import short_distill_kl
+
+def short_distill(ctx: SearchContext, config: SearchConfig, progress: bool):
+    """specs -> ``[{"pruned_kl", "kl"}]``: each spec cut from the teacher, distilled with the
+    baseline's short budget (``config.minitron``), scored by KL on the fixed score batches.
+    The one ranking the baseline and the search's final pick share."""
+    mc = config.minitron
+
+    def score(specs):
+        from autocompress.search.selection import short_distill_scores
 
         train = ctx.corpus_split("train", mc.distill_seq_len)
         bar = _LazyBar("rank top-k", progress)
-        values = short_distill_kl(
-            ctx.model, ctx.importance, [c.spec for c in cands], train,
+        values = short_distill_scores(
+            ctx.model, ctx.importance, specs, train,
             ctx.score_batches(config, mc.score_batches), mc.distill_tokens, mc.distill_seq_len,
             mc.distill_batch_size, mc.distill_lr, config.dnas.seed, progress=bar)
         bar.close()

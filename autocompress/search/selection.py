@@ -7,19 +7,48 @@ not which one recovers best. Each candidate here is cut from the teacher
 seed (``distill``, reusing the teacher's cached outputs across candidates), and
 scored by KL(teacher ‖ student) on fixed calibration batches, which neither the
 training stream (train split) nor the benchmarks (held-out split) use.
+
+The search and its ablations end with the same step (``final_selection``): their
+own candidates, right after pruning ranked by a KL estimate that favours keeping
+many partial blocks, are short-listed (``shortlist``: the best of every depth
+first, so one depth's many near-copies cannot fill the list) and the same short
+distillation as the baseline's decides. ``depth_variants`` gives the search
+candidates at every depth: its answer with the layers that cost least to empty
+(by its own measured scores) forced empty, repaired within the budgets.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
 from autocompress.losses import kd_loss
-from autocompress.search.discretize import teacher_logits
+from autocompress.search.discretize import Discretized, Scores, repair, teacher_logits
+from autocompress.search.space import Choice, SearchSpace
+
+
+class SelectionConfig(BaseModel):
+    """How the search (and its ablations) pick their final architecture."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    top_k: int = Field(
+        default=10, ge=1,
+        description="Distinct candidates that get the baseline's short distillation (its "
+        "settings: search.minitron.distill_*); the lowest KL after it wins. 1 = keep the "
+        "candidate with the best score right after pruning, without training.")
+    depth_variants: bool = Field(
+        default=True,
+        description="Add the search's answer repaired with 1, 2, ... more layers emptied "
+        "(least costly by the measured scores), so every depth competes.")
 
 
 @torch.no_grad()
@@ -38,6 +67,17 @@ def short_distill_kl(teacher, importance, specs: list[ArchSpec], train, batches:
                      progress: Callable[[int, int], None] | None = None) -> list[float]:
     """For each spec: prune, distil ``tokens`` tokens from ``train`` (a ``BatchSource``),
     return KL to the teacher on ``batches``. ``tokens == 0``: KL right after pruning."""
+    return [r["kl"] for r in short_distill_scores(teacher, importance, specs, train, batches,
+                                                   tokens, seq_len, batch_size, lr, seed,
+                                                   progress)]
+
+
+def short_distill_scores(teacher, importance, specs: list[ArchSpec], train,
+                         batches: list[torch.Tensor], tokens: int, seq_len: int, batch_size: int,
+                         lr: float, seed: int, progress: Callable[[int, int], None] | None = None
+                         ) -> list[dict[str, float]]:
+    """``short_distill_kl`` that also gives each spec's KL right after pruning:
+    ``[{"pruned_kl": .., "kl": ..}]`` (equal when ``tokens == 0``)."""
     from autocompress.distill import DistillConfig, DistillData, distill
     from autocompress.prune import prune
 
@@ -55,13 +95,133 @@ def short_distill_kl(teacher, importance, specs: list[ArchSpec], train, batches:
         with tempfile.TemporaryDirectory(prefix="ac-selection-") as tmp:
             for i, spec in enumerate(specs):
                 student = prune(teacher, importance, spec)
+                pruned = kl_to_teacher(student, batches, reference)
                 if config is not None:
                     out = Path(tmp) / f"candidate-{i}"
                     distill(teacher, student, DistillData(train=train), config, out,
                             work_dir=Path(tmp) / f"candidate-{i}.work")
-                values.append(kl_to_teacher(student, batches, reference))
+                values.append({"pruned_kl": pruned,
+                               "kl": kl_to_teacher(student, batches, reference)
+                               if config is not None else pruned})
                 if progress is not None:
                     progress(i + 1, len(specs))
     finally:
         teacher.train(was_training)
     return values
+
+
+# ------------------------------------------------------------------ the search's final pick
+
+
+@dataclass
+class Finalist:
+    """A candidate for the final pick, with how it was found and, once scored, its KLs."""
+
+    choice: Choice
+    estimate: float  # the method's own score of it right after pruning (lower is better)
+    origin: str
+    layers: int  # layers with at least one block (the depth the short list spreads over)
+    found: Discretized | None = None
+    pruned_kl: float | None = None
+    kl: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self, space: SearchSpace) -> dict[str, Any]:
+        spec = space.spec_of(self.choice)
+        return {"origin": self.origin, "layers": self.layers,
+                "blocks": _blocks(space, self.choice), "hidden_size": spec.hidden_size,
+                "params": spec.num_params(), "estimate": self.estimate,
+                "pruned_kl": self.pruned_kl, "kl": self.kl, "choice": self.choice.to_dict(),
+                **self.extra}
+
+
+def layers_kept(space: SearchSpace, choice: Choice) -> int:
+    return sum(1 for layer in space.spec_of(choice).layers
+               if layer.attention is not None or layer.ffn is not None)
+
+
+def _blocks(space: SearchSpace, choice: Choice) -> int:
+    return sum((layer.attention is not None) + (layer.ffn is not None)
+               for layer in space.spec_of(choice).layers)
+
+
+def emptying_order(space: SearchSpace, scores: Scores, anchor: Choice) -> list[int]:
+    """Layers that may be emptied (both no-ops allowed), cheapest first by ``scores``: the
+    score change of making both of the layer's blocks no-ops at ``anchor``."""
+    noop_a, noop_f = len(space.attention_options) - 1, len(space.ffn_options) - 1
+    if space.attention_options[noop_a] is not None or space.ffn_options[noop_f] is not None:
+        return []
+    cost = []
+    for layer in range(space.num_layers):
+        if not (space.allowed_attention[layer, noop_a] and space.allowed_ffn[layer, noop_f]):
+            continue
+        value = (scores.attention[layer, noop_a] - scores.attention[layer, anchor.attention[layer]]
+                 + scores.ffn[layer, noop_f] - scores.ffn[layer, anchor.ffn[layer]])
+        if np.isfinite(value):
+            cost.append((float(value), layer))
+    return [layer for _, layer in sorted(cost)]
+
+
+def repaired_finalists(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
+                       scores: Scores, found: Discretized, depth: bool) -> list[Finalist]:
+    """Every hidden size's repair of ``anchor`` (``found``, repair's answer, first) and, with
+    ``depth``, the same with the 1, 2, ... cheapest layers to empty forced empty."""
+    out = [_finalist(space, scores, d, "repair") for d in [found, *found.alternatives]]
+    if not depth:
+        return out
+    order = emptying_order(space, scores, anchor)
+    noop_a, noop_f = len(space.attention_options) - 1, len(space.ffn_options) - 1
+    for n in range(1, len(order) + 1):
+        forced = order[:n]
+        start, att, ffn = anchor, scores.attention.copy(), scores.ffn.copy()
+        for layer in forced:
+            start = start.replace_block("attention", layer, noop_a)
+            start = start.replace_block("ffn", layer, noop_f)
+            att[layer, :noop_a] = np.inf  # they stay empty through the repair
+            ffn[layer, :noop_f] = np.inf
+        variant = repair(space, costs, budgets, start, replace(scores, attention=att, ffn=ffn))
+        if variant is None:
+            continue
+        for d in [variant, *variant.alternatives]:
+            out.append(_finalist(space, scores, d, f"{n} layers emptied"))
+            out[-1].extra["emptied"] = forced
+    return out
+
+
+def _finalist(space: SearchSpace, scores: Scores, found: Discretized, origin: str) -> Finalist:
+    return Finalist(choice=found.choice, estimate=scores.total(found.choice), origin=origin,
+                    layers=layers_kept(space, found.choice), found=found)
+
+
+def shortlist(finalists: list[Finalist], k: int) -> list[Finalist]:
+    """``k`` distinct candidates: the best estimate of every depth first (best depths first),
+    then the best of the rest. Estimates right after pruning prefer deep models that keep many
+    partial blocks; after training, fewer whole blocks often do better, so each depth gets in."""
+    distinct: dict[Choice, Finalist] = {}
+    for f in sorted(finalists, key=lambda f: f.estimate):
+        if np.isfinite(f.estimate):
+            distinct.setdefault(f.choice, f)
+    ranked = list(distinct.values())
+    firsts: dict[int, Finalist] = {}
+    for f in ranked:
+        firsts.setdefault(f.layers, f)
+    heads = list(firsts.values())[:k]
+    return heads + [f for f in ranked if f not in heads][: k - len(heads)]
+
+
+def select(finalists: list[Finalist], k: int,
+           score: Callable[[list[Choice]], list[dict[str, float]]],
+           memo: dict[Choice, dict[str, float]]) -> tuple[Finalist, list[Finalist]]:
+    """The short list's best after ``score`` (the short distillation; ``memo`` keeps the
+    results across the measured loop's rounds). ``k == 1``: the best estimate, untrained."""
+    short = shortlist(finalists, k)
+    if not short:
+        raise ValueError("no finite candidate to select from")
+    if k == 1 or len(short) == 1:
+        return short[0], short
+    todo = [f.choice for f in short if f.choice not in memo]
+    if todo:
+        memo.update(zip(todo, score(todo), strict=True))
+    for f in short:
+        f.pruned_kl, f.kl = memo[f.choice]["pruned_kl"], memo[f.choice]["kl"]
+    return min(short, key=lambda f: (f.kl, f.estimate)), short
