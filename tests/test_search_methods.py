@@ -6,6 +6,7 @@ fixed call overhead and size matters little: tight budgets then need depth.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,7 +167,7 @@ def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
 
 
 def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(ctx):
-    from autocompress.search.discretize import measured_scores, repair
+    from autocompress.search.discretize import measured_scores, repair, within_radius
     from autocompress.search.run import run_search
     from autocompress.search.selection import repaired_finalists, select, shortlist
     from autocompress.search.space import Choice
@@ -191,9 +192,15 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
 
     # Depth variants: the forced layers stay empty through repair, within the budget,
     # down to the protected first and last layers.
-    anchor = outcome.discretized.anchor
-    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(CONFIG))
-    found = repair(ctx.space, ctx.costs, budgets, anchor, scores)
+    # They score every option at the anchor; repair's own answer keeps the radius view.
+    anchor, batches = outcome.discretized.anchor, ctx.score_batches(CONFIG)
+    scores = measured_scores(ctx.masked, anchor, batches, radius=None)
+    near = within_radius(ctx.space, scores, anchor, CONFIG.score_radius)
+    radius_only = measured_scores(ctx.masked, anchor, batches, radius=CONFIG.score_radius)
+    assert np.array_equal(near.attention, radius_only.attention)
+    assert np.array_equal(near.ffn, radius_only.ffn)
+    assert np.isfinite(scores.ffn).sum() > np.isfinite(near.ffn).sum()
+    found = repair(ctx.space, ctx.costs, budgets, anchor, near)
     plain = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, False)
     assert {f.origin for f in plain} == {"repair"} and plain[0].choice == found.choice
     every = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, True)
@@ -206,8 +213,8 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     # The short list takes each depth's best estimate first; a score that favours shallow
     # models overrules the estimates made right after pruning, which favour deep ones.
     listed = shortlist(every, 3)
-    assert len({f.layers for f in listed}) == 3
-    assert listed[0].estimate == min(f.estimate for f in every)
+    assert len({f.layers for f in listed}) == 3 and listed[0] is every[0]  # repair's answer
+    assert listed[1].estimate == min(f.estimate for f in every if f.layers != every[0].layers)
     memo: dict = {}
 
     def shallow_first(cs):
@@ -217,7 +224,7 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
 
     best, _ = select(every, 3, shallow_first, memo)
     assert best.layers == min(f.layers for f in listed) and len(memo) == 3
-    assert best.estimate > listed[0].estimate
+    assert best.estimate > min(f.estimate for f in listed)
 
 
 # ------------------------------------------------------------------ ablations

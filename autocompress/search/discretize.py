@@ -232,6 +232,26 @@ def measured_scores(masked, anchor: Choice, batches: list[torch.Tensor],
     return scores
 
 
+def within_radius(space: SearchSpace, scores: Scores, anchor: Choice,
+                  radius: int | None) -> Scores:
+    """``scores`` with every option farther than ``radius`` size ranks from the anchor's
+    (the no-op excepted) set to inf: what ``measured_scores(radius=radius)`` would give."""
+    if radius is None:
+        return scores
+    tables = {"attention": scores.attention.copy(), "ffn": scores.ffn.copy()}
+    for kind, table in tables.items():
+        for layer in range(space.num_layers):
+            current = getattr(anchor, kind)[layer]
+            keep = set(_neighbourhood(space, kind, layer, current, radius)) | {current}
+            for k in range(table.shape[1]):
+                if k not in keep:
+                    table[layer, k] = np.inf
+    out = Scores(scores.hidden, tables["attention"], tables["ffn"], source=scores.source)
+    if hasattr(scores, "anchor_kl"):
+        out.anchor_kl = scores.anchor_kl  # type: ignore[attr-defined]
+    return out
+
+
 def measured_job_list(space: SearchSpace, anchor: Choice,
                       radius: int | None) -> list[tuple[str, int, int]]:
     """The (kind, layer, option) evaluations ``measured_scores`` runs."""

@@ -44,6 +44,7 @@ from autocompress.search.discretize import (
     probability_scores,
     repair,
     smallest_reachable,
+    within_radius,
 )
 from autocompress.search.dnas import CHECKPOINT_NAME, DNAS, DNASConfig, DNASResult
 from autocompress.search.masked import MaskedTeacher
@@ -100,8 +101,9 @@ class SearchConfig(BaseModel):
     score_batches: int = Field(default=1, ge=1, description="Batches for measured scores.")
     score_radius: int | None = Field(
         default=2, ge=0,
-        description="Measured scores cover options within this many size ranks of the "
-        "search's argmax (plus no-op); None = every option.",
+        description="Repair's answer uses measured scores of options within this many size "
+        "ranks of the search's argmax (plus no-op); None = every option. The final pick's "
+        "depth variants score every option.",
     )
     minitron: MinitronConfig = Field(default_factory=MinitronConfig)
     selection: SelectionConfig = Field(
@@ -357,10 +359,14 @@ def run_search(
     t1, c1 = time.perf_counter(), time.process_time()
     anchor = result.argmax_choice(space)
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
-    option_scores = None
+    option_scores = near = None
     evaluations = {"dnas_steps": len(result.trajectory), "measured_scores": 0}
+    final = FinalPick(ctx, config, progress)
+    # The depth variants may spend an emptied layer's budget on any option elsewhere: they
+    # need every option scored; repair's own answer stays within score_radius of the anchor.
+    radius = None if final.depth else config.score_radius
     if config.score == "measured":
-        jobs = measured_job_list(space, anchor, config.score_radius)
+        jobs = measured_job_list(space, anchor, radius)
         evaluations["measured_scores"] = len(jobs) + 1  # + the anchor itself
         bar = Bar("scores", len(jobs), progress)
         count = [0]
@@ -370,14 +376,14 @@ def run_search(
             bar.update(count[0], "")
 
         option_scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config),
-                                        radius=config.score_radius, progress=tick)
+                                        radius=radius, progress=tick)
+        near = within_radius(space, option_scores, anchor, config.score_radius)
         bar.close()
     fallback = probability_scores(space, result.probabilities(space))
-    final = FinalPick(ctx, config, progress)
 
     def pick(bounds: dict[str, float]):
         used = option_scores
-        found = (repair(space, costs, bounds, anchor, used) if used is not None else None)
+        found = (repair(space, costs, bounds, anchor, near) if near is not None else None)
         if found is None:  # probability scores cover the whole space
             used = fallback
             found = repair(space, costs, bounds, anchor, used)

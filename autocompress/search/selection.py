@@ -194,16 +194,19 @@ def _finalist(space: SearchSpace, scores: Scores, found: Discretized, origin: st
 
 
 def shortlist(finalists: list[Finalist], k: int) -> list[Finalist]:
-    """``k`` distinct candidates: the best estimate of every depth first (best depths first),
-    then the best of the rest. Estimates right after pruning prefer deep models that keep many
-    partial blocks; after training, fewer whole blocks often do better, so each depth gets in."""
-    distinct: dict[Choice, Finalist] = {}
-    for f in sorted(finalists, key=lambda f: f.estimate):
-        if np.isfinite(f.estimate):
-            distinct.setdefault(f.choice, f)
+    """``k`` distinct candidates: the first finalist (the method's own answer), then the best
+    estimate of every other depth (best depths first), then the best of the rest. Estimates
+    right after pruning prefer deep models that keep many partial blocks; after training,
+    fewer whole blocks often do better, so each depth gets in."""
+    usable = [f for f in finalists if np.isfinite(f.estimate)]
+    if not usable:
+        return []
+    distinct: dict[Choice, Finalist] = {usable[0].choice: usable[0]}
+    for f in sorted(usable, key=lambda f: f.estimate):
+        distinct.setdefault(f.choice, f)
     ranked = list(distinct.values())
     firsts: dict[int, Finalist] = {}
-    for f in ranked:
+    for f in ranked:  # the own answer first, then by estimate
         firsts.setdefault(f.layers, f)
     heads = list(firsts.values())[:k]
     return heads + [f for f in ranked if f not in heads][: k - len(heads)]
