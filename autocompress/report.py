@@ -409,6 +409,43 @@ def analysis_text(data: dict) -> list[str]:
     return lines
 
 
+def _rank_correlation(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rho (no ties expected: KLs are real numbers)."""
+    if len(a) < 3:
+        return None
+    ranks = [sorted(v).index(x) for v in (a, b) for x in v]
+    ra, rb = ranks[:len(a)], ranks[len(a):]
+    n = len(a)
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
+
+
+def selection_lines(data: dict) -> list[str]:
+    """The final pick of each method and seed: how many candidates got the short
+    distillation, the winner, and whether the ranking right after pruning agreed."""
+    lines = []
+    for run in data.get("runs", []):
+        for name, e in _seed_entries(run):
+            short = [f for f in e.get("selection") or [] if f.get("kl") is not None]
+            chosen = next((f for f in short if f.get("chosen")), None)
+            if len(short) < 2 or chosen is None:
+                continue
+            text = (f"- {run['preset']} @ {run['budget_fraction']:.0%}, {method_label(name)} "
+                    f"s{e['seed']}: {len(short)} candidates short-distilled "
+                    f"(KL {min(f['kl'] for f in short):.3f}–{max(f['kl'] for f in short):.3f}); "
+                    f"chosen {chosen['layers']} layers, {chosen['params']:,} params, KL "
+                    f"{chosen['kl']:.3f}")
+            pruned = [f.get("pruned_kl") for f in short]
+            if all(p is not None for p in pruned):
+                best_pruned = min(short, key=lambda f: f["pruned_kl"])
+                rho = _rank_correlation(pruned, [f["kl"] for f in short])
+                text += (f" ({chosen['pruned_kl']:.3f} right after pruning; the best right "
+                         f"after pruning, {best_pruned['layers']} layers, had "
+                         f"{best_pruned['kl']:.3f} after the short distillation"
+                         + (f"; Spearman ρ {rho:+.2f}" if rho is not None else "") + ")")
+            lines.append(text + ".")
+    return lines
+
+
 # ------------------------------------------------------------------ plots
 
 
@@ -601,7 +638,10 @@ def comparison_section(title: str, data: dict) -> list[str]:
         lines += ["**REDUCED comparison** (fewer presets, budgets or seeds than issue 19 "
                   "asks for).", ""]
     lines += [_provenance(data), _settings_text(data), "", readme_table(data), "### Verdict", ""]
-    return lines + (analysis_text(data) or ["- no run has the baseline and another method yet."])
+    lines += analysis_text(data) or ["- no run has the baseline and another method yet."]
+    picks = selection_lines(data)
+    return lines + (["", "### Final picks (each candidate distilled briefly, lowest KL wins)",
+                     "", *picks] if picks else [])
 
 
 def write_report(data: dict, out_dir: str | Path,
@@ -624,6 +664,10 @@ def write_report(data: dict, out_dir: str | Path,
               readme_table(data), "## Verdict (tighter budgets are what the issue asks about)",
               ""]
     lines += analysis_text(data) or ["- no run has the baseline and another method yet."]
+    picks = selection_lines(data)
+    if picks:
+        lines += ["", "## Final picks (each candidate distilled briefly, lowest KL wins)", "",
+                  *picks]
     if data.get("not_run"):
         lines += ["", "Not run:"] + [f"- {n['preset']} @ {n['budget_fraction']:.0%}: "
                                      f"{n['reason']}" for n in data["not_run"]]

@@ -67,7 +67,9 @@ def _point(store, tmp_path, method, seed, mc, teacher_refs):
     search = {"arch": {"hidden_size": 64, "layers": []}, "params": 1000 + seed,
               "teacher_params": 5000, "predicted": costs, "meets_limits": True,
               "margins": {}, "seconds": 1.0, "teacher_predicted": costs,
-              "cost_model": "fit", "scored_candidates": 7}
+              "cost_model": "fit", "scored_candidates": 7, "kind": method,
+              "selection": [{"origin": "repair", "layers": 3, "params": 1000 + seed,
+                             "pruned_kl": 0.9, "kl": 0.5, "chosen": True, "choice": {}}]}
     evals = {"heldout_loss": 4.0}
     outputs = {
         "arch": _publish_dir(store, tmp_path, f"arch-{tag}", {"arch.search.json": search},
@@ -127,6 +129,10 @@ def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_
     entry = run["methods"]["minitron"]["seeds"][1]
     assert entry["params"] == 1001 and entry["verify_ok"] and entry["measured"]["tpot_ms"] == 3
     assert len(entry["per_item"]["t"]) == 100 and entry["scored_candidates"] == 7
+    ours = run["methods"]["autocompress"]["seeds"][0]["selection"]
+    assert ours == [{"origin": "repair", "layers": 3, "blocks": None, "hidden_size": None,
+                     "params": 1000, "estimate": None, "pruned_kl": 0.9, "kl": 0.5,
+                     "chosen": True}]
     v = report.verdicts(data)[0]
     assert v["method"] == "autocompress" and v["mc_delta"] == pytest.approx(0.1)
     assert v["paired"]["mc"]["overall"]["low"] > 0  # nested wins: every item diff >= 0

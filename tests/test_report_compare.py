@@ -225,3 +225,17 @@ def test_a_reduced_comparison_is_labelled():
     text = "\n".join(report.comparison_section("Reduced run", reduced))
     assert "## Reduced run" in text and "REDUCED comparison" in text
     assert text.count("| AutoCompress |") == 2 and "seeds 0, 1, 2" in text
+
+
+def test_final_picks_say_whether_the_ranking_after_pruning_agreed():
+    data = _synthetic(minitron_wins=True, seeds=1)
+    entry = data["runs"][1]["methods"]["autocompress"]["seeds"][0]
+    # Made up: the deeper the candidate, the better right after pruning and the worse after.
+    entry["selection"] = [{"layers": n, "params": 1000 * n, "pruned_kl": 1.0 / n,
+                           "kl": 0.1 * n, "chosen": n == 2} for n in (2, 3, 4, 5)]
+    lines = report.selection_lines(data)
+    assert len(lines) == 1 and "interactive-cpu @ 40%, AutoCompress s0" in lines[0]
+    assert "4 candidates short-distilled" in lines[0] and "chosen 2 layers" in lines[0]
+    assert "the best right after pruning, 5 layers, had 0.500" in lines[0]
+    assert "Spearman ρ -1.00" in lines[0]
+    assert report._rank_correlation([1, 2, 3], [3, 4, 5]) == 1.0
