@@ -205,7 +205,8 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     assert {f.origin for f in plain} == {"repair"} and plain[0].choice == found.choice
     every = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, True)
     variants = [f for f in every if f.origin != "repair"]
-    assert variants and min(f.layers for f in every) == 2
+    assert min(f.layers for f in every) == 2
+    assert any(f.origin.endswith("the rest whole") for f in variants)
     for f in variants:
         assert all(ctx.space.spec_of(f.choice).layers[i].is_empty for i in f.extra["emptied"])
         assert tables.evaluate(f.choice)["tpot_ms"] <= budgets["tpot_ms"]

@@ -171,20 +171,26 @@ def repaired_finalists(space: SearchSpace, costs, budgets: dict[str, float], anc
         return out
     order = emptying_order(space, scores, anchor)
     noop_a, noop_f = len(space.attention_options) - 1, len(space.ffn_options) - 1
+    whole = space.full_choice()
     for n in range(1, len(order) + 1):
         forced = order[:n]
-        start, att, ffn = anchor, scores.attention.copy(), scores.ffn.copy()
-        for layer in forced:
-            start = start.replace_block("attention", layer, noop_a)
-            start = start.replace_block("ffn", layer, noop_f)
-            att[layer, :noop_a] = np.inf  # they stay empty through the repair
-            ffn[layer, :noop_f] = np.inf
-        variant = repair(space, costs, budgets, start, replace(scores, attention=att, ffn=ffn))
-        if variant is None:
-            continue
-        for d in [variant, *variant.alternatives]:
-            out.append(_finalist(space, scores, d, f"{n} layers emptied"))
-            out[-1].extra["emptied"] = forced
+        att, ffn = scores.attention.copy(), scores.ffn.copy()
+        att[forced, :noop_a] = np.inf  # the forced layers stay empty through the repair
+        ffn[forced, :noop_f] = np.inf
+        forced_scores = replace(scores, attention=att, ffn=ffn)
+        # From the search's answer, and from the kept layers whole (repair then trims them):
+        # the score right after pruning undervalues whole blocks that training recovers.
+        for start, label in ((anchor, f"{n} layers emptied"),
+                             (whole, f"{n} layers emptied, the rest whole")):
+            for layer in forced:
+                start = start.replace_block("attention", layer, noop_a)
+                start = start.replace_block("ffn", layer, noop_f)
+            variant = repair(space, costs, budgets, start, forced_scores)
+            if variant is None:
+                continue
+            for d in [variant, *variant.alternatives]:
+                out.append(_finalist(space, scores, d, label))
+                out[-1].extra["emptied"] = forced
     return out
 
 
