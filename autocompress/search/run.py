@@ -410,7 +410,7 @@ class FinalPick:
     """The final pick of the search and its ablations (``selection.select``): the short list
     of a method's candidates, each given the baseline's short distillation (the same
     settings, ``config.minitron.distill_*``), lowest KL wins. Scores are kept across the
-    measured loop's rounds, and every round's short list is reported."""
+    measured loop's rounds; the report has the last round's short list."""
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False):
         self.ctx, self.config, self.progress = ctx, config, progress
@@ -421,7 +421,7 @@ class FinalPick:
         self.seconds = 0.0
 
     def choose(self, finalists) -> Finalist:
-        """``finalists()``: the candidates (called only when there is a choice to make)."""
+        """The winner among ``finalists()`` (the method's own answer first)."""
         started = time.perf_counter()
         k = self.config.selection.top_k
         best, short = select(finalists(), k, self._score, self.memo)
