@@ -148,24 +148,26 @@ def verify(
     from autocompress.costmodel.measure import measure_as_fitted
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
+    from autocompress.costmodel.timing_lock import timing_lock
     from autocompress.costmodel.workload import get_workload
     from autocompress.modeling import arch_spec_of, load_causal_lm
 
     target = Target.parse(target) if isinstance(target, str) else target
     workload = get_workload(workload) if isinstance(workload, str) else workload
     cost_model = cost_model or CostModel.for_target(target)
-    if target.engine.name == "llama.cpp":
-        spec, (measurement, statistic) = _measure_in_llamacpp(
-            model_dir, target, workload, cost_model, repeats, warmup, seed, threads)
-    else:
-        device = measurement_device(target)
-        model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
-                                  with_tokenizer=False)
-        model.to(device)
-        spec = arch_spec_of(model)
-        measurement, statistic = measure_as_fitted(model, workload, cost_model,
-                                                   repeats=repeats, warmup=warmup, seed=seed,
-                                                   threads=threads)
+    with timing_lock():  # no other run's timing on this machine meanwhile, when asked
+        if target.engine.name == "llama.cpp":
+            spec, (measurement, statistic) = _measure_in_llamacpp(
+                model_dir, target, workload, cost_model, repeats, warmup, seed, threads)
+        else:
+            device = measurement_device(target)
+            model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
+                                      with_tokenizer=False)
+            model.to(device)
+            spec = arch_spec_of(model)
+            measurement, statistic = measure_as_fitted(model, workload, cost_model,
+                                                       repeats=repeats, warmup=warmup,
+                                                       seed=seed, threads=threads)
     predicted, note = _predict(cost_model, spec, workload)
     note = "; ".join(filter(None, [cost_model_note(cost_model), note]))
     measured = measurement.metrics(statistic)

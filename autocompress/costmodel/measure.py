@@ -66,7 +66,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
 from autocompress.arch import ArchSpec
-from autocompress.costmodel.timing_lock import timing_lock
 from autocompress.costmodel.workload import Workload
 from autocompress.hardware import RobustStat
 from autocompress.progress import Bar
@@ -606,9 +605,8 @@ def measure_as_fitted(model: torch.nn.Module, workload: Workload, cost_model, re
     if threads:
         torch.set_num_threads(threads)
     try:
-        with timing_lock():  # no other timing on this machine meanwhile, when asked
-            measurement = measure_model(model, workload, repeats=repeats, warmup=warmup,
-                                        seed=seed, memory=memory, reference=reference)
+        measurement = measure_model(model, workload, repeats=repeats, warmup=warmup, seed=seed,
+                                    memory=memory, reference=reference)
     finally:
         torch.set_num_threads(previous)
     scale = fit.reference_scale(workload) if reference is not None else None

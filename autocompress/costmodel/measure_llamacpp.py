@@ -331,13 +331,12 @@ def measure_gguf_as_fitted(path: str | Path, workload: Workload, cost_model, rep
     target's type) and scaled by the fit's reference times. Returns
     (Measurement, statistic name)."""
     from autocompress.costmodel.measure import timing_reference
-    from autocompress.costmodel.timing_lock import timing_lock
 
     fit = cost_model.fit
     target = cost_model.target
     threads = threads or (fit.threads if fit is not None else target.threads)
     paired = fit is not None and fit.timing == "paired" and fit.reference_spec
-    with tempfile.TemporaryDirectory(prefix="ac-llamacpp-") as tmp, timing_lock():
+    with tempfile.TemporaryDirectory(prefix="ac-llamacpp-") as tmp:
         reference = write_timing_gguf(timing_reference(fit.reference_spec), Path(tmp),
                                       "reference", target.dtype) if paired else None
         measurement = measure_gguf_grid([Path(path)], [workload], threads=threads,

@@ -2,13 +2,14 @@
 
 Two timings at once on one machine disturb each other, while the rest of a run
 (search, distillation, evaluation) only adds load that paired timing absorbs. With
-the variable set, every timing of a model as its cost model was fitted
-(``measure.measure_as_fitted``, ``measure_llamacpp.measure_gguf_as_fitted``: the
-search's measured loop, the baseline's candidate timing, verify) holds an exclusive
-``flock`` on that file while it times. The ``flock`` command takes the same lock,
-so a run wrapped in ``flock <file> ...`` by someone else and these timings never
-overlap. Do not wrap a run that sets the variable in ``flock`` on the same file:
-it would wait for itself. Unset (the default): no lock.
+the variable set, the timings of a compression run (the search's measured loop and
+the baseline's candidate timing, ``search.measured.measure_spec``, and ``verify``)
+hold an exclusive ``flock`` on that file while they time. Fitting and validating a
+cost model do not take it: run those under ``flock <file>`` as a whole. The
+``flock`` command takes the same lock, so a run wrapped in ``flock <file> ...`` by
+someone else and these timings never overlap. Do not wrap a run that sets the
+variable in ``flock`` on the same file: it would wait for itself. Unset (the
+default): no lock.
 """
 
 from __future__ import annotations

@@ -46,6 +46,13 @@ def measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload,
                  repeats: int = 9) -> tuple[dict[str, float], dict[str, float]]:
     """Time ``spec`` (random weights) on the cost model's target, as the model was fitted
     (same thread count and timing statistic). Returns (metrics, noise of each metric)."""
+    from autocompress.costmodel.timing_lock import timing_lock
+
+    with timing_lock():  # no other run's timing on this machine meanwhile, when asked
+        return _measure_spec(spec, base_config, cost_model, workload, repeats)
+
+
+def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeats: int):
     from autocompress.costmodel.measure import measure_as_fitted
     from autocompress.modeling import build_model
     from autocompress.verify import measurement_device, measurement_noise
