@@ -46,7 +46,8 @@ from tasks.teacher import publish_teacher
 from tasks.verify import verify_model
 
 # The pipeline, in order. Inputs name flow parameters or earlier steps' outputs.
-EVAL = dict(corpus="corpus", tasks="eval_tasks", config="eval_config", limit="eval_limit")
+EVAL = dict(corpus="corpus", tasks="eval_tasks", config="eval_config", limit="eval_limit",
+            teacher="teacher")
 VERIFY = dict(costmodel="costmodel", target="target", workload="workload", limits="limits",
               machine="machine", options="verify_options")
 SEARCH_INPUTS = dict(teacher="teacher", corpus="corpus", importance="importance",

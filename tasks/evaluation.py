@@ -12,16 +12,23 @@ HEADLINE = ("mc_mean", "mc_mean_stderr", "bits_per_byte", "next_token_acc", "hel
 @stage("evaluate")
 def evaluate_model(ctx: StageContext, model: ArtifactRef, corpus: ArtifactRef,
                    tasks: str | None = None, config: dict | None = None,
-                   limit: int | None = None) -> ArtifactRef:
-    """Run ``autocompress.evaluation.suite.evaluate`` and publish its JSON."""
+                   limit: int | None = None, teacher: ArtifactRef | None = None
+                   ) -> ArtifactRef:
+    """Run ``autocompress.evaluation.suite.evaluate`` and publish its JSON.
+
+    ``teacher``: unset suite sizes follow its size (``stage_sizes``), so a teacher
+    and its students answer the same items; None: the suite's defaults.
+    """
     import torch
 
     from autocompress.evaluation.suite import EvalConfig, evaluate
     from autocompress.modeling import load_causal_lm
+    from autocompress.stage_sizes import eval_sizes, with_defaults
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     lm, tokenizer = load_causal_lm(ctx.fetch(model))
-    cfg = EvalConfig.model_validate(config or {})
+    sizes = eval_sizes(teacher.metrics.get("params")) if teacher is not None else {}
+    cfg = EvalConfig.model_validate(with_defaults(config, sizes))
     ctx.log_params({"tasks": tasks or "local", "limit": limit, "eval": cfg.model_dump()})
     result = evaluate(lm, tokenizer, tasks=tasks, config=cfg, limit=limit,
                       work_dir=ctx.workdir / "eval", corpus_dir=ctx.working_copy(corpus),

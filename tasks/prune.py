@@ -13,14 +13,17 @@ def score_importance(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRe
     """``importance.importance_for_checkpoint`` on the corpus's calibration split.
 
     ``options``: ``importance.CalibrationConfig`` fields (seq_len, batch_size,
-    num_batches, removal_batches, seed); the corpus comes from ``corpus``.
+    num_batches, removal_batches, seed); the corpus comes from ``corpus``. Unset
+    sizes follow the teacher's size (``stage_sizes``).
     """
     import torch
 
     from autocompress.importance import CalibrationConfig, importance_for_checkpoint
+    from autocompress.stage_sizes import importance_sizes, with_defaults
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    calib = CalibrationConfig.model_validate({**(options or {}),
+    options = with_defaults(options, importance_sizes(teacher.metrics.get("params")))
+    calib = CalibrationConfig.model_validate({**options,
                                              "corpus_dir": str(ctx.working_copy(corpus))})
     ctx.log_params({"calibration": calib.model_dump(exclude={"corpus_dir"})})
     path = ctx.scratch() / "importance.safetensors"

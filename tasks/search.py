@@ -22,8 +22,11 @@ def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
              options: dict | None):
     from autocompress.costmodel import CostModel
     from autocompress.search.run import SearchConfig, SearchContext
+    from autocompress.stage_sizes import search_sizes, with_defaults
 
-    config = SearchConfig.model_validate(options or {})
+    # Unset sizes follow the teacher's size (stage_sizes); explicit options win.
+    options = with_defaults(options, search_sizes(teacher.metrics.get("params")))
+    config = SearchConfig.model_validate(options)
     ctx.log_params({"search": config.model_dump(mode="json")})
     search_ctx = SearchContext.build(
         str(ctx.fetch(teacher)), target, workload, config=config,
