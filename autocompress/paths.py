@@ -37,7 +37,8 @@ def resolve_model_dir(model: str | Path) -> Path:
     """Turn a model name, a path or a hub id into an existing local model directory.
 
     In order: a named teacher (``default``, ``smollm2-135m``; see
-    ``autocompress.teachers``), an existing local path, then a hub id
+    ``autocompress.teachers``), a registered model (``models:/NAME/VERSION``, from
+    the MLflow registry), an existing local path, then a hub id
     (``org/name``), downloaded into the Hugging Face cache where a network is
     allowed (not with ``HF_HUB_OFFLINE=1``).
     """
@@ -46,6 +47,10 @@ def resolve_model_dir(model: str | Path) -> Path:
     text = str(model)
     if is_named(text):
         return resolve_named(text)
+    if text.startswith("models:/"):
+        from autocompress.tracking import registered_artifact
+
+        return registered_artifact(text)
     path = Path(text).expanduser()
     if not path.exists() and looks_like_hub_id(text):
         path = download_from_hub(text)

@@ -431,6 +431,24 @@ def lineage(name: str, version: str | int | None = None, check: bool = True,
                          problems=problems)
 
 
+REGISTRY_PREFIX = "models:/"
+
+
+def registered_artifact(uri: str, stages: tuple[str, ...] = ("model", "teacher")) -> Path:
+    """The local copy of a registered model, ``models:/NAME/VERSION`` (VERSION: a number,
+    an alias or ``latest``; absent = latest): the first of ``stages`` in its lineage
+    (``("engine_model", "model")`` for the file an engine serves), fetched hash-checked."""
+    from autocompress.artifacts import fetch
+
+    name, _, version = uri.removeprefix(REGISTRY_PREFIX).strip("/").partition("/")
+    info = lineage(name, version or None, check=False).lineage
+    for stage in stages:
+        if info.artifacts.get(stage) is not None:
+            return fetch(info.artifacts[stage])
+    raise AutoCompressError(f"{uri} has no {' or '.join(stages)} artifact in its lineage",
+                            "register it with `autocompress teacher train` or a flow")
+
+
 def _filter_literal(value: str) -> str:
     """``value`` quoted for an MLflow filter string (which has no escape character)."""
     if '"' not in value:

@@ -161,17 +161,6 @@ def resolve_teacher_dir(teacher: str) -> Path:
     """``default``, a model directory, or ``models:/NAME/VERSION`` (a registered model)."""
     from autocompress.paths import resolve_model_dir
 
-    if teacher.startswith("models:/"):
-        from autocompress.artifacts import fetch
-        from autocompress.tracking import lineage
-
-        name, _, version = teacher.removeprefix("models:/").partition("/")
-        info = lineage(name, version or None, check=False).lineage
-        ref = info.artifacts.get("model") or info.artifacts.get("teacher")
-        if ref is None:
-            raise AutoCompressError(f"{teacher} has no model artifact in its lineage",
-                                    "register it with `autocompress teacher train` or a flow")
-        return fetch(ref)
     return resolve_model_dir(teacher)
 
 

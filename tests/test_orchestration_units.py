@@ -295,6 +295,31 @@ def test_register_on_the_embedded_store_without_a_tracking_uri(tmp_path, monkeyp
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def test_models_uri_resolves_to_the_registered_model_or_the_file_an_engine_serves(
+        tmp_path, monkeypatch):
+    from autocompress.paths import resolve_model_dir
+    from autocompress.tracking import Tracker, registered_artifact
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
+    store = LocalStore(tmp_path / "store")
+    model = store.publish(_tree(tmp_path / "m", {"config.json": "{}", "w.bin": "w"}), "model")
+    gguf = tmp_path / "model-q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    served = store.publish(gguf, "engine_model")
+    tracker = Tracker("units", uri=uri)
+    info = Lineage(teacher="t", teacher_sha256="a" * 64,
+                   artifacts={"model": model, "engine_model": served})
+    tracker.register_model("units-served", model, info, run_id=tracker.start_run("parent"))
+    directory = resolve_model_dir("models:/units-served/1")
+    assert (directory / "w.bin").read_text() == "w"
+    assert registered_artifact("models:/units-served", ("engine_model", "model")
+                               ).read_bytes() == b"GGUF"
+    with pytest.raises(AutoCompressError, match="no teacher artifact"):
+        registered_artifact("models:/units-served/1", ("teacher",))
+
+
 def test_stage_code_follows_imports_including_the_ones_a_hand_list_missed():
     """The search stage's code reaches modules the search imports only indirectly
     (prune, verify, data: once missing from a hand-written list), lazy imports

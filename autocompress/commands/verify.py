@@ -68,6 +68,10 @@ def verify_command(
             raise AutoCompressError(f"{name} must be at least {least} (got {value})",
                                     hint=f"pass {name} {least} or more")
     parsed = Target.parse(target)
+    if model.startswith("models:/"):  # the registered file the engine serves, else its model
+        from autocompress.tracking import registered_artifact
+
+        model = str(registered_artifact(model, ("engine_model", "model")))
     shape = get_workload(workload).with_overrides(isl=isl, osl=osl, batch=batch)
     model_cost = CostModel.load(cost_model) if cost_model else None
     report = verify(model, parsed, shape, limits, repeats=repeats, warmup=warmup,
