@@ -266,9 +266,11 @@ def part_flow(args) -> dict[str, Any]:
 
 def _recovery(stages: dict[str, Any]) -> dict[str, Any]:
     """Held-out loss teacher / pruned / distilled and the share of the gap closed."""
+    # A stage run logs its result's metrics as ``result.<name>``.
     distill = stages.get("distill", {}).get("metrics", {})
-    teacher = distill.get("teacher_heldout_loss")
-    pruned, final = distill.get("initial_heldout_loss"), distill.get("final_heldout_loss")
+    teacher = distill.get("result.teacher_heldout_loss")
+    pruned = distill.get("result.initial_heldout_loss")
+    final = distill.get("result.final_heldout_loss")
     out: dict[str, Any] = {"teacher_loss": teacher, "pruned_loss": pruned,
                            "distilled_loss": final}
     if None not in (teacher, pruned, final) and pruned != teacher:
