@@ -263,11 +263,18 @@ def _global_tracking_uri(uri: str):
 
     with _GLOBAL_URI_LOCK:
         previous = mlflow.get_tracking_uri()
+        # set_tracking_uri also writes MLFLOW_TRACKING_URI, which tracking_uri() reads:
+        # restore the variable exactly, or later calls in this process go elsewhere.
+        previous_env = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(uri)
         try:
             yield
         finally:
             mlflow.set_tracking_uri(previous)
+            if previous_env is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = previous_env
 
 
 def _copy_small_files(model: ArtifactRef, dest: Path) -> None:
