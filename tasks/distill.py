@@ -15,14 +15,19 @@ from tasks.stage import StageContext, stage
 @stage("distill", retries=1)
 def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
                   corpus: ArtifactRef, options: dict | None = None) -> ArtifactRef:
-    """``autocompress.distill.distill`` teacher → student on the corpus's train split."""
+    """``autocompress.distill.distill`` teacher → student on the corpus's train split.
+
+    Unset held-out sizes follow the teacher's size (``stage_sizes``); the token budget
+    is the options' (default ``DEFAULT_TOKENS``)."""
     import torch
 
     from autocompress.distill import DEFAULT_TOKENS, DistillConfig, DistillData, distill
     from autocompress.modeling import load_causal_lm
+    from autocompress.stage_sizes import distill_sizes, with_defaults
     from autocompress.training import latest_checkpoint
 
-    config = DistillConfig.model_validate({"tokens": DEFAULT_TOKENS, **(options or {})})
+    sizes = {"tokens": DEFAULT_TOKENS, **distill_sizes(teacher.metrics.get("params"))}
+    config = DistillConfig.model_validate(with_defaults(options, sizes))
     ctx.log_params({"distill": config.model_dump(mode="json")})
     teacher_model, teacher_tok = load_causal_lm(ctx.fetch(teacher))
     student_model, student_tok = load_causal_lm(ctx.fetch(student))

@@ -1,10 +1,12 @@
 """Stage sizes follow the teacher's size; the bundled teacher's defaults do not move."""
 
+from autocompress.distill import DistillConfig
 from autocompress.evaluation.suite import EvalConfig
 from autocompress.importance import CalibrationConfig
 from autocompress.search.run import SearchConfig
 from autocompress.stage_sizes import (
     REFERENCE_PARAMS,
+    distill_sizes,
     eval_sizes,
     importance_sizes,
     search_sizes,
@@ -17,6 +19,7 @@ def test_small_teachers_keep_every_default():
     for params in (None, 7_100_000, REFERENCE_PARAMS):
         assert token_scale(params) == 1.0
         assert importance_sizes(params) == search_sizes(params) == eval_sizes(params) == {}
+        assert distill_sizes(params) == {}
 
 
 def test_a_135m_teacher_reads_fewer_tokens_but_not_below_the_floors():
@@ -27,6 +30,8 @@ def test_a_135m_teacher_reads_fewer_tokens_but_not_below_the_floors():
     search = SearchConfig.model_validate(search_sizes(params))
     assert 2 <= search.dnas.batch_size < SearchConfig().dnas.batch_size
     assert search.calibration.removal_batches == SearchConfig().calibration.removal_batches
+    distill = DistillConfig.model_validate({"tokens": 1, **distill_sizes(params)})
+    assert 2 <= distill.eval_batches < DistillConfig(tokens=1).eval_batches
     suite = EvalConfig.model_validate(eval_sizes(params))
     assert 60 <= suite.num_items < EvalConfig().num_items
     # A 100B teacher hits the floors instead of scoring nothing.
