@@ -521,11 +521,18 @@ def arch_matrix(arch: dict) -> dict[str, list[int]]:
 
 def plot_arch_heatmaps(run: dict, teacher_arch: dict | None, path: Path) -> Path:
     """One panel per quantity; rows = teacher / methods, columns = layers."""
+    archs = ([("teacher", teacher_arch)] if teacher_arch else []) + [
+        (f"{method_label(k)} s{m.get('seed', 0)}", m["arch"]) for k, m in _seed_entries(run)]
+    title = f"{run['preset']} @ {run['budget_fraction']:.0%} ({_limit_text(run)})"
+    return plot_heatmaps(archs, title, path)
+
+
+def plot_heatmaps(archs: list[tuple[str, dict]], title: str, path: Path) -> Path:
+    """Per-layer heads, KV groups and FFN widths of ``archs`` (name, ArchSpec dict): one
+    panel per quantity, one row per architecture, one column per layer."""
     import numpy as np
 
     plt = _pyplot()
-    archs = ([("teacher", teacher_arch)] if teacher_arch else []) + [
-        (f"{method_label(k)} s{m.get('seed', 0)}", m["arch"]) for k, m in _seed_entries(run)]
     mats = [(name, arch_matrix(a), a["hidden_size"]) for name, a in archs]
     quantities = list(mats[0][1])
     fig, axes = plt.subplots(len(quantities), 1, figsize=(8, 1.2 + 1.1 * len(mats) *
@@ -545,8 +552,7 @@ def plot_arch_heatmaps(run: dict, teacher_arch: dict | None, path: Path) -> Path
         ax.set_xticks(range(width), [str(i) for i in range(width)], fontsize=7)
         ax.set_title(q, fontsize=9)
     axes[-1].set_xlabel("layer of the model (– = block removed, blank = no such layer)")
-    fig.suptitle(f"{run['preset']} @ {run['budget_fraction']:.0%} ({_limit_text(run)})",
-                 fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -47,11 +47,15 @@ def run(
     teacher: str = typer.Option("default", help="A named teacher (`default`, `smollm2-135m`), a "
                                 "model directory, a hub id, or models:/NAME/VERSION from the "
                                 "MLflow registry."),
-    target: str = typer.Option("cpu-local/hf-eager/fp32",
-                               help="Hardware/engine/dtype the model must run on."),
+    target: list[str] = typer.Option(
+        ["cpu-local/hf-eager/fp32"], help="Hardware/engine/dtype the model must run on; "
+        "repeat it for one architecture that meets every target's limits (a joint search)."),
     workload: str = typer.Option("local-coding-cpu", help="Workload preset name."),
     limits: Limits = NO_LIMITS,
     budget_fraction: float | None = budget_fraction_option(),
+    budgets: str | None = typer.Option(
+        None, help="A Pareto family from one search: budget fractions, comma-separated "
+        "(e.g. 0.3,0.4,0.5,0.6,0.7); one model per budget, each verified on the target."),
     baseline: bool = typer.Option(False, help="Also run the Minitron baseline for comparison."),
     method: str = typer.Option(
         "autocompress", help="How the architecture is found: autocompress (the search), greedy "
@@ -87,18 +91,68 @@ def run(
 
     if method not in METHODS:  # before Prefect starts: one line, exit 2
         raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
+    fractions = many_targets_mode(target, budgets, budget_fraction, method, baseline)
     _prepare_environment()
     if refresh_cache:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
+    common = dict(teacher=teacher, workload=workload, seed=seed, eval_tasks=eval_tasks,
+                  eval_limit=eval_limit, store=store, experiment=experiment,
+                  track=not no_track, options=_options(options))
+    if fractions is not None or len(target) > 1:
+        from flows.targets import compress_joint, pareto
+
+        report = (pareto(target=target[0], budgets=fractions, **common) if fractions
+                  else compress_joint(targets=target, budget_fraction=budget_fraction,
+                                      limits=limits.model_dump(exclude_none=True), **common))
+        print_report(report, time.perf_counter() - started)
+        return
     from flows.compress import compress
 
-    report = compress(teacher=teacher, target=target, workload=workload,
+    report = compress(teacher=teacher, target=target[0], workload=workload,
                       limits=limits.model_dump(exclude_none=True),
                       budget_fraction=budget_fraction, baseline=baseline, method=method,
                       seed=seed, eval_tasks=eval_tasks, eval_limit=eval_limit,
                       register_as=None if no_register else register_as, store=store,
                       experiment=experiment, track=not no_track, options=_options(options))
     print_report(report, time.perf_counter() - started)
+
+
+def parse_budgets(text: str) -> list[float]:
+    """``--budgets 0.3,0.5,0.7`` -> fractions (each in (0, 1], at least two distinct)."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise AutoCompressError(f"--budgets {text!r} is not a comma-separated list of numbers",
+                                "e.g. --budgets 0.3,0.4,0.5,0.6,0.7") from None
+    if len(set(values)) < 2 or not all(0 < v <= 1 for v in values):
+        raise AutoCompressError(f"--budgets {text!r} needs two or more distinct fractions in "
+                                "(0, 1]", "e.g. --budgets 0.3,0.4,0.5,0.6,0.7")
+    return sorted(set(values), reverse=True)
+
+
+def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: float | None,
+                      method: str, baseline: bool) -> list[float] | None:
+    """Check the combination of --target (repeated), --budgets and the single-run options;
+    the family's fractions (None: not a family)."""
+    from autocompress.costmodel import Target
+
+    for name in targets:
+        Target.parse(name)  # an unknown target: one line before Prefect starts
+    if len(set(targets)) != len(targets):
+        raise AutoCompressError(f"a --target is given twice: {targets}", "give each target once")
+    many = len(targets) > 1 or budgets is not None
+    if many and (method != "autocompress" or baseline):
+        raise AutoCompressError("--method and --baseline apply to a single-target run",
+                                "drop them, or run one --target without --budgets")
+    if budgets is None:
+        return None
+    if len(targets) > 1:
+        raise AutoCompressError("--budgets takes one --target",
+                                "run the family once per target")
+    if budget_fraction is not None:
+        raise AutoCompressError("give --budgets or --budget-fraction, not both",
+                                "--budgets 0.3,0.5,0.7 already sets each member's limit")
+    return parse_budgets(budgets)
 
 
 def _options(text: str | None) -> dict[str, Any]:
@@ -156,6 +210,26 @@ def results_table(outputs: dict[str, Any]) -> Table:
     return table
 
 
+def keyed_table(outputs: dict[str, Any]) -> Table | None:
+    """One row per target (joint run) or budget (family): each ``verification.KEY`` with
+    the architecture and scores of ``arch.KEY`` / ``evaluation.KEY`` (else the shared ones)."""
+    keys = [name.removeprefix("verification.") for name in outputs
+            if name.startswith("verification.")]
+    if not keys:
+        return None
+    table = Table(title="per target / budget (predicted_* = cost model, others measured)")
+    columns = ["params", "mc_mean", "predicted_tpot_ms", "tpot_ms", "predicted_ttft_ms",
+               "ttft_ms", "ok"]
+    for column in ["", *columns]:
+        table.add_column("meets limits" if column == "ok" else column, justify="right")
+    for key in keys:
+        names = tuple(f"{n}.{key}" if f"{n}.{key}" in outputs else n
+                      for n in ("arch", "evaluation")) + (f"verification.{key}",)
+        metrics = _metrics_of(outputs, names)
+        table.add_row(key, *(_fmt(metrics.get(c), c) for c in columns))
+    return table
+
+
 def _fmt(value: float | None, column: str = "") -> str:
     if value is None:
         return "–"
@@ -169,6 +243,9 @@ def _fmt(value: float | None, column: str = "") -> str:
 def print_report(report, wall_s: float) -> None:
     """The final table, the stages (cached or run), timings and where to look."""
     console.print(results_table(report.outputs))
+    keyed = keyed_table(report.outputs)
+    if keyed is not None:
+        console.print(keyed)
     steps = Table(title="stages")
     for column in ("stage", "state", "seconds"):
         steps.add_column(column)

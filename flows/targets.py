@@ -1,0 +1,347 @@
+"""Flows over several targets or budgets, composed from the ``compress`` flow's steps.
+
+- ``compress_joint``: one architecture for several targets (``autocompress run --target A
+  --target B``): a cost model, validation gate and limits per target, one joint search
+  (``search.multitarget``), one prune/distill/evaluate, and a verification on every target.
+- ``pareto``: a family along the accuracy-cost front of one target from one search
+  (``autocompress run --budgets 0.3,0.5,0.7``): the shared stages once, one ``family``
+  search, then prune/distill/evaluate/verify per budget.
+- ``targets_matrix``: each target's own architecture at the same relative budget, then
+  every architecture measured on every measurable target (``verify`` with that target's
+  cost model and limits) and predicted on the others: the cross-target matrix of
+  ``bench/targets.py``.
+
+A step that exists once per target or budget is the ``compress`` flow's step with a
+suffix: ``costmodel.hf-eager-fp32``, ``arch.b0.30`` (``keyed``). Every stage is the same
+cached task as in ``compress``, so stages shared with other runs come from the cache.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from pydantic import BaseModel, Field
+
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
+from flows.compress import COMPRESS_STEPS, STAGE_OPTIONS, resolve_teacher_dir, seeded
+from tasks.costmodel import this_machine
+from tasks.targets import family_member, family_search, joint_search, predict_arch
+from tasks.verify import verify_model
+
+STEPS = {step.name: step for step in COMPRESS_STEPS}
+SHARED = ("teacher", "corpus", "importance")
+# Steps that exist once per target (their outputs and the inputs of these names are keyed).
+PER_TARGET = ("target", "profile", "costmodel", "validation", "limits", "teacher_verification",
+              "verification")
+# Steps that exist once per member of a family or architecture of the matrix.
+PER_MODEL = ("arch", "pruned", "model", "evaluation")
+
+
+def target_label(target: str) -> str:
+    """``cpu-local/llama.cpp/q8_0`` -> ``llama.cpp-q8_0`` (a step-name suffix)."""
+    return target.removeprefix("cpu-local/").replace("/", "-")
+
+
+def keyed(step: Step, key: str, names: tuple[str, ...]) -> Step:
+    """``step`` for one target or budget: its output and its inputs named in ``names`` get
+    the suffix ``.key``."""
+    inputs = {param: f"{src}.{key}" if src in names else src
+              for param, src in step.inputs.items()}
+    return Step(f"{step.name}.{key}", step.stage, **inputs)
+
+
+def base_values(teacher: str, workload: str, options: dict | None, eval_tasks, eval_limit,
+                corpus_dir: str | None) -> dict[str, Any]:
+    """The flow parameters every step reads (``compress``'s, without target and limits)."""
+    from autocompress.paths import default_corpus_dir
+
+    return {"teacher": teacher, "teacher_dir": resolve_teacher_dir(teacher), "workload": workload,
+            "corpus_dir": Path(corpus_dir) if corpus_dir else default_corpus_dir(),
+            "eval_tasks": eval_tasks, "eval_limit": eval_limit, "eval_config": {},
+            "machine": this_machine(), "method": "autocompress", "no_limits": Limits(),
+            **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS}}
+
+
+def target_steps(target: str, values: dict[str, Any], budget_fraction: float | None,
+                 limits: Limits) -> list[Step]:
+    """Profile, cost model, gate and limits of one target (values get its parameters)."""
+    key = target_label(target)
+    values[f"target.{key}"] = target
+    values[f"limits_in.{key}"] = limits
+    values[f"budget_fraction.{key}"] = budget_fraction
+    limits_step = keyed(STEPS["limits"], key, PER_TARGET)
+    limits_step.inputs.update(limits=f"limits_in.{key}", budget_fraction=f"budget_fraction.{key}")
+    return [keyed(STEPS[name], key, PER_TARGET) for name in ("profile", "costmodel",
+                                                             "validation")] + [limits_step]
+
+
+def verify_step(name: str, model: str, target: str) -> Step:
+    """Verify ``model`` (a step's output) on ``target`` with its cost model and limits."""
+    key = target_label(target)
+    return Step(name, verify_model, model=model, costmodel=f"costmodel.{key}",
+                target=f"target.{key}", workload="workload", limits=f"limits.{key}",
+                machine="machine", options="verify_options")
+
+
+def model_steps(key: str, arch_step: Step | None = None) -> list[Step]:
+    """Prune, distill, evaluate one architecture (``arch.key``)."""
+    steps = [keyed(STEPS[name], key, PER_MODEL) for name in ("pruned", "model", "evaluation")]
+    return ([arch_step] if arch_step else []) + steps
+
+
+def _flow_values(teacher, workload, options, seed, eval_tasks, eval_limit, corpus_dir):
+    options = seeded(options, seed)
+    return options, base_values(teacher, workload, options, eval_tasks, eval_limit, corpus_dir)
+
+
+def _shared_steps() -> list[Step]:
+    return [STEPS[name] for name in SHARED] + [STEPS["teacher_eval"]]
+
+
+# ------------------------------------------------------------------ one search, many targets
+
+
+@flow(name="compress-joint")
+def compress_joint(
+    teacher: str = "default",
+    targets: list[str] | None = None,
+    workload: str = "interactive-cpu",
+    limits: Limits | None = None,
+    budget_fraction: float | None = None,
+    seed: int | None = None,
+    eval_tasks: str | None = None,
+    eval_limit: int | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    corpus_dir: str | None = None,
+    experiment: str = "autocompress",
+    store: str | None = None,
+    track: bool = True,
+) -> FlowReport:
+    """One architecture that meets every target's limits (each target's ``limits`` plus
+    ``budget_fraction`` of the teacher's cost there), verified on every target."""
+    started = time.perf_counter()
+    targets = list(targets or [])
+    if len(targets) < 2:
+        raise AutoCompressError("a joint run needs at least two targets",
+                                hint="give --target twice or more")
+    limits = Limits.model_validate(limits or {}) if not isinstance(limits, Limits) else limits
+    options, values = _flow_values(teacher, workload, options, seed, eval_tasks, eval_limit,
+                                   corpus_dir)
+    params = {"teacher": teacher, "targets": targets, "workload": workload,
+              "limits": limits.model_dump(exclude_none=True), "budget_fraction": budget_fraction,
+              "seed": seed, "eval_limit": eval_limit, "options": options}
+    with tracked_flow("compress-joint", params, experiment, store, track) as run:
+        report = new_report("compress-joint", run)
+        steps = _shared_steps()
+        for target in targets:
+            steps += target_steps(target, values, budget_fraction, limits)
+        run_steps(steps, values, run, report)
+        keys = [target_label(t) for t in targets]
+        values["targets"] = targets
+        values["costmodels"] = [values[f"costmodel.{k}"] for k in keys]
+        values["validations"] = [values[f"validation.{k}"] for k in keys]
+        values["joint_limits"] = [values[f"limits.{k}"] for k in keys]
+        joint = Step("arch", joint_search, teacher="teacher", corpus="corpus",
+                     importance="importance", costmodels="costmodels",
+                     validations="validations", targets="targets", workload="workload",
+                     limits="joint_limits", options="search_options")
+        tail = [joint, STEPS["pruned"], STEPS["model"], STEPS["evaluation"]]
+        tail += [verify_step(f"verification.{target_label(t)}", "model", t) for t in targets]
+        run_steps(tail, values, run, report)
+        missed = [t for t in targets
+                  if not values[f"verification.{target_label(t)}"].metrics.get("ok")]
+        if missed:
+            report.notes.append(f"the joint model misses its limits when measured on {missed}")
+        report.outputs = {s.name: values[s.name] for s in [*steps, *tail]}
+        return finish_report(report, run, started)
+
+
+# ------------------------------------------------------------------ a Pareto family
+
+
+def budget_label(fraction: float) -> str:
+    return f"b{fraction:.2f}"
+
+
+@flow(name="pareto")
+def pareto(
+    teacher: str = "default",
+    target: str = "cpu-local/hf-eager/fp32",
+    workload: str = "interactive-cpu",
+    budgets: list[float] | None = None,
+    seed: int | None = None,
+    eval_tasks: str | None = None,
+    eval_limit: int | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    corpus_dir: str | None = None,
+    experiment: str = "autocompress",
+    store: str | None = None,
+    track: bool = True,
+) -> FlowReport:
+    """One compressed model per budget fraction in ``budgets``, from one search."""
+    started = time.perf_counter()
+    budgets = sorted(set(budgets or []), reverse=True)
+    if len(budgets) < 2:
+        raise AutoCompressError("a Pareto family needs at least two budgets",
+                                hint="e.g. --budgets 0.3,0.5,0.7")
+    options, values = _flow_values(teacher, workload, options, seed, eval_tasks, eval_limit,
+                                   corpus_dir)
+    params = {"teacher": teacher, "target": target, "workload": workload, "budgets": budgets,
+              "seed": seed, "eval_limit": eval_limit, "options": options}
+    key = target_label(target)
+    with tracked_flow("pareto", params, experiment, store, track) as run:
+        report = new_report("pareto", run)
+        labels = [budget_label(b) for b in budgets]
+        steps = _shared_steps() + target_steps(target, values, None, Limits())[:3]
+        limit_steps = []
+        for label, fraction in zip(labels, budgets, strict=True):
+            values[f"fraction.{label}"] = fraction
+            limit_steps.append(Step(f"limits.{label}", STEPS["limits"].stage, teacher="teacher",
+                                    costmodel=f"costmodel.{key}", workload="workload",
+                                    limits="no_limits", budget_fraction=f"fraction.{label}"))
+        run_steps(steps + limit_steps, values, run, report)
+        values.update(labels=labels, target=target,
+                      family_limits=[values[f"limits.{label}"] for label in labels])
+        family = Step("family", family_search, teacher="teacher", corpus="corpus",
+                      importance="importance", costmodel=f"costmodel.{key}",
+                      validation=f"validation.{key}", target="target", workload="workload",
+                      limits="family_limits", labels="labels", options="search_options")
+        tail = [family]
+        for label in labels:
+            values[f"label.{label}"] = label
+            member = Step(f"arch.{label}", family_member, family="family",
+                          label=f"label.{label}")
+            tail += model_steps(label, member)
+            values[f"target.{label}"] = target
+            tail.append(Step(f"verification.{label}", verify_model, model=f"model.{label}",
+                             costmodel=f"costmodel.{key}", target="target",
+                             workload="workload", limits=f"limits.{label}",
+                             machine="machine", options="verify_options"))
+        run_steps(tail, values, run, report)
+        report.outputs = {s.name: values[s.name] for s in [*steps, *limit_steps, *tail]}
+        return finish_report(report, run, started)
+
+
+# ------------------------------------------------------------------ the cross-target matrix
+
+
+class MatrixCell(BaseModel):
+    """Architecture ``arch`` (searched for its own target) on target ``target``."""
+
+    arch: str
+    target: str
+    measured: bool
+    ok: bool | None = None
+    costs: dict[str, float] = Field(default_factory=dict)
+    predicted: dict[str, float] = Field(default_factory=dict)
+    limits: dict[str, float] = Field(default_factory=dict)
+    noise: dict[str, float] = Field(default_factory=dict)
+
+
+@flow(name="targets-matrix")
+def targets_matrix(
+    teacher: str = "default",
+    targets: list[str] | None = None,
+    workload: str = "interactive-cpu",
+    predicted_targets: list[str] | None = None,
+    predicted_workload: str = "interactive",
+    budget_fraction: float = 0.5,
+    seed: int | None = None,
+    eval_tasks: str | None = None,
+    eval_limit: int | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    corpus_dir: str | None = None,
+    experiment: str = "autocompress",
+    store: str | None = None,
+    track: bool = True,
+) -> dict[str, Any]:
+    """Each target's own architecture at ``budget_fraction`` of the teacher's cost on it,
+    then every architecture on every target: measured (``verify``) on ``targets``, predicted
+    on ``predicted_targets`` (spec-sheet cost models, ``predicted_workload``)."""
+    from autocompress.costmodel import Target
+
+    started = time.perf_counter()
+    measured = list(targets or [])
+    predicted = list(predicted_targets or [])
+    unmeasurable = [t for t in measured if not Target.parse(t).measurable]
+    if unmeasurable or len(measured) + len(predicted) < 2:
+        raise AutoCompressError(
+            f"targets to measure must be measurable here ({unmeasurable}) and there must be "
+            "two targets or more", hint="put GPU targets in predicted_targets")
+    options, values = _flow_values(teacher, workload, options, seed, eval_tasks, eval_limit,
+                                   corpus_dir)
+    params = {"teacher": teacher, "targets": measured, "predicted_targets": predicted,
+              "workload": workload, "predicted_workload": predicted_workload,
+              "budget_fraction": budget_fraction, "seed": seed, "eval_limit": eval_limit,
+              "options": options}
+    everything = measured + predicted
+    with tracked_flow("targets-matrix", params, experiment, store, track) as run:
+        report = new_report("targets-matrix", run)
+        run_steps(_shared_steps(), values, run, report)
+        cells: list[MatrixCell] = []
+        for target in everything:  # each target's own architecture and model
+            key = target_label(target)
+            own = dict(values, workload=workload if target in measured else predicted_workload)
+            steps = target_steps(target, own, budget_fraction, Limits())
+            arch = keyed(STEPS["arch"], key, PER_TARGET + PER_MODEL)
+            arch.inputs["target"] = f"target.{key}"
+            run_steps(steps + model_steps(key, arch), own, run, report)
+            values.update({k: v for k, v in own.items() if k.endswith(f".{key}")})
+        for target in everything:  # every architecture on this target
+            key = target_label(target)
+            for source in everything:
+                name = f"cell.{target_label(source)}.{key}"
+                if target in measured:
+                    step = verify_step(name, f"model.{target_label(source)}", target)
+                else:
+                    step = Step(name, predict_arch, arch=f"arch.{target_label(source)}",
+                                costmodel=f"costmodel.{key}", workload="predicted_workload",
+                                limits=f"limits.{key}")
+                values["predicted_workload"] = predicted_workload
+                run_steps([step], values, run, report)
+                cells.append(_cell(source, target, values[name]))
+        flow_report = finish_report(report, run, started)
+        return {"cells": [c.model_dump() for c in cells],
+                "models": {t: _model_summary(values, target_label(t)) for t in everything},
+                "targets": measured, "predicted_targets": predicted,
+                "budget_fraction": budget_fraction, "workload": workload,
+                "predicted_workload": predicted_workload,
+                "steps": [s.model_dump() for s in flow_report.steps],
+                "wall_s": flow_report.wall_s, "mlflow_run_id": flow_report.mlflow_run_id}
+
+
+def _cell(source: str, target: str, ref) -> MatrixCell:
+    import json
+
+    from autocompress.artifacts import fetch
+
+    data = json.loads(fetch(ref).read_text())
+    if data.get("measured") is False:
+        return MatrixCell(arch=source, target=target, measured=False, ok=data["ok"],
+                          predicted=_numbers(data["predicted"]), limits=data["limits"])
+    return MatrixCell(arch=source, target=target, measured=True, ok=data["ok"],
+                      costs=_numbers(data["measured"]), predicted=_numbers(data["predicted"]),
+                      limits={k: v for k, v in data["limits"].items() if v is not None},
+                      noise=_numbers(data.get("noise") or {}))
+
+
+def _numbers(data: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in data.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _model_summary(values: dict[str, Any], key: str) -> dict[str, Any]:
+    """What the matrix reports of one target's own architecture (references + scores)."""
+    arch, evaluation = values[f"arch.{key}"], values[f"evaluation.{key}"]
+    return {"arch": arch.model_dump(mode="json"), "params": arch.metrics.get("params"),
+            "scores": dict(evaluation.metrics), "limits":
+            values[f"limits.{key}"].model_dump(exclude_none=True),
+            "model": values[f"model.{key}"].model_dump(mode="json"),
+            "evaluation": evaluation.model_dump(mode="json"),
+            "costmodel": values[f"costmodel.{key}"].model_dump(mode="json"),
+            "validation": values[f"validation.{key}"].model_dump(mode="json")}

@@ -1,0 +1,150 @@
+"""Many targets and many budgets: the joint search, the Pareto family, their CLI errors (#17).
+
+A tiny 6-layer Llama under two cost models of opposite structure: one where every block
+costs a fixed call overhead (as on this CPU: depth is what costs), one where bytes cost
+(width is what costs). Their own architectures differ; the joint one meets both.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from autocompress.costmodel import CostModel, Target, Workload
+from autocompress.costmodel.laws import ActivationLaw, LinearLaw
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.modeling.tiny import tiny_model
+from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
+from autocompress.search.family import run_family
+from autocompress.search.multitarget import (
+    JointCosts,
+    joint_budgets,
+    meets_all,
+    run_joint_search,
+    target_limits,
+)
+from autocompress.search.run import run_search
+
+WORKLOAD = Workload(name="test", isl=16, osl=4, batch=1)
+CONFIG = SearchConfig(
+    space=SpaceConfig(granularity=16, ffn_fractions=[1.0, 0.5, 0.25], head_fractions=[1.0, 0.5]),
+    dnas=DNASConfig(steps=8, batch_size=2, seq_len=32, teacher_cache=2),
+    measured_rounds=0,
+)
+
+
+def _model(target: str, calls: float, per_byte: float) -> CostModel:
+    law = LinearLaw(
+        prefill={"attn.call": calls, "ffn.call": calls, "const.call": 0.5,
+                 "attn.flops": 1e-9, "ffn.flops": 1e-9},
+        decode={"attn.call": calls, "ffn.call": calls, "const.call": 0.5,
+                "attn.weight_bytes": per_byte, "ffn.weight_bytes": per_byte})
+    return CostModel(target=Target.parse(target), timing=law, activation=ActivationLaw.default())
+
+
+OVERHEAD = _model("h100-sxm/hf-eager/bf16", calls=1.0, per_byte=1e-7)
+BYTES = _model("rtx-5070/vllm/bf16", calls=0.01, per_byte=2e-4)
+
+
+@pytest.fixture(scope="module")
+def ctx(tiny_corpus, tiny_tokenizer):
+    model = tiny_model("llama", vocab_size=len(tiny_tokenizer), hidden_size=64, num_layers=6,
+                       num_heads=4, gqa_ratio=2, intermediate_size=64, head_dim=16, seed=5)
+    config = CONFIG.model_copy(update={"calibration": CONFIG.calibration.model_copy(
+        update={"seq_len": 32, "batch_size": 2, "num_batches": 2})})
+    return SearchContext.build((model, tiny_tokenizer), None, WORKLOAD, config,
+                               corpus_dir=tiny_corpus, cost_model=OVERHEAD, progress=False)
+
+
+def _targets(ctx, fraction=0.6):
+    return [target_limits(ctx, model.target.name, model, WORKLOAD, None, fraction)
+            for model in (OVERHEAD, BYTES)]
+
+
+def test_joint_costs_are_each_targets_own_tables(ctx):
+    targets = _targets(ctx)
+    joint = JointCosts(targets)
+    full = ctx.space.full_choice()
+    costs = joint.discrete(list(full.attention), list(full.ffn), full.hidden)
+    for t in targets:
+        own = t.costs.discrete(list(full.attention), list(full.ffn), full.hidden)
+        assert costs[f"tpot_ms@{t.name}"] == pytest.approx(own["tpot_ms"])
+    assert set(joint_budgets(targets)) == {f"tpot_ms@{t.name}" for t in targets}
+
+
+def test_joint_search_meets_every_target_and_each_own_pick_differs(ctx):
+    targets = _targets(ctx)
+    outcome = run_joint_search(ctx, targets, CONFIG)
+    assert all(r["meets_limits"] for r in outcome.per_target.values())
+    assert set(outcome.lambdas) == set(joint_budgets(targets))  # one multiplier per target
+    own = {}
+    for t in targets:  # each target's own search, under its own limits only
+        single = ctx.__class__(**{**ctx.__dict__, "cost_model": t.cost_model, "costs": t.costs})
+        own[t.name] = run_search(single, t.limits, CONFIG, progress=False).spec
+    assert own[OVERHEAD.target.name] != own[BYTES.target.name]
+    # Neither target's own architecture meets the other's limit here; the joint one meets both.
+    crossed = meets_all(own[OVERHEAD.target.name], targets)
+    assert not crossed[BYTES.target.name]["meets_limits"] or \
+        not meets_all(own[BYTES.target.name], targets)[OVERHEAD.target.name]["meets_limits"]
+
+
+def test_joint_search_refuses_memory_limits_and_repeated_targets(ctx):
+    memory = target_limits(ctx, "a", OVERHEAD, WORKLOAD, Limits(max_memory_gb=1.0), None)
+    other = _targets(ctx)[1]
+    with pytest.raises(AutoCompressError, match="memory limit with several targets"):
+        run_joint_search(ctx, [memory, other], CONFIG)
+    with pytest.raises(AutoCompressError, match="given twice"):
+        run_joint_search(ctx, [other, other], CONFIG)
+
+
+def test_family_runs_one_dnas_and_meets_each_budget(ctx, monkeypatch):
+    from autocompress.search import family
+
+    runs = []
+    original = family.DNAS.run
+
+    def counted(self, *args, **kwargs):
+        runs.append(dict(self.budgets))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(family.DNAS, "run", counted)
+    teacher = ctx.teacher_costs()["tpot_ms"]
+    limits = [Limits(max_tpot_ms=teacher * f) for f in (0.8, 0.6, 0.4)]
+    members = run_family(ctx, limits, CONFIG)
+    assert len(runs) == 1 and runs[0] == {"tpot_ms": teacher * 0.6}  # one DNAS, middle budget
+    assert all(m.dnas is members[0].dnas for m in members)
+    predicted = [m.prediction.metrics()["tpot_ms"] for m in members]
+    assert all(p <= lim.max_tpot_ms for p, lim in zip(predicted, limits, strict=True))
+    params = [m.spec.num_params() for m in members]
+    assert params[0] >= params[1] >= params[2] and params[0] > params[2]
+
+
+def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
+    from autocompress.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["autocompress", *map(str, args)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return exit_info.value.code or 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budgets", "0.3,x"], "not a comma-separated list"),
+    (["--budgets", "0.5"], "two or more distinct fractions"),
+    (["--budgets", "0.3,1.5"], "two or more distinct fractions"),
+    (["--budgets", "0.3,0.5", "--budget-fraction", "0.5"], "not both"),
+    (["--budgets", "0.3,0.5", "--target", "cpu-local/hf-eager/fp32",
+      "--target", "cpu-local/llama.cpp/q8_0"], "--budgets takes one --target"),
+    (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/hf-eager/fp32"],
+     "given twice"),
+    (["--target", "cpu-local/hf-eager/fp32", "--target", "nowhere/x"], "unknown hardware"),
+    (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/llama.cpp/q8_0",
+      "--baseline"], "single-target run"),
+])
+def test_run_rejects_bad_target_and_budget_combinations(capsys, monkeypatch, args, message):
+    code, err = cli(capsys, monkeypatch, "run", *args)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert err.count("error:") == 1
