@@ -9,13 +9,18 @@ predicts it on the GPU targets (spec-sheet cost models: predicted only). Writes
 the architectures differ) and ``results/targets_heatmaps.png``.
 
 ``pareto``: the ``pareto`` flow (one search, ``--budgets``) for one target, then, for the
-time comparison, the same budgets one by one through ``flows/sweep.py`` (one ``compress``
-run each). Writes ``results/targets_pareto.json`` and ``results/targets_pareto.png``; the
-next ``report`` adds it to ``results/targets.md``.
+time comparison, the search of a family of the ``--one-by-one`` budgets against those
+budgets searched one by one (``time_searches``). Writes ``results/targets_pareto.json``
+and ``results/targets_pareto.png``; ``report`` adds it to ``results/targets.md``.
+
+``joint``: the ``compress-joint`` flow (``autocompress run --target A --target B ...``) for
+the matrix's measured targets: one architecture within every target's limit, verified on
+each, against each target's own (``results/targets_joint.json``).
 
 ``report``: rewrite ``results/targets.md`` from the JSON files.
 
     python bench/targets.py matrix      # the defaults below are what results/ holds
+    python bench/targets.py joint       # one architecture for the matrix's measured targets
     python bench/targets.py pareto --one-by-one 0.3 0.5 0.7
     python bench/targets.py report
 
@@ -41,9 +46,9 @@ PREDICTED = ["rtx-5070/vllm/bf16", "h100-sxm/trtllm/bf16"]
 # Small budgets, sized so the whole matrix and family fit ~25 min of 2 shared cores with
 # the bundled 7M teacher; results/targets.md repeats them.
 OPTIONS: dict[str, dict[str, Any]] = {
-    "costmodel": {"n_probes": 12, "repeats": 3},
-    "validation": {"n": 6, "repeats": 3, "max_mape": 60.0, "min_kendall_tau": 0.3},
-    "search": {"dnas": {"steps": 60, "batch_size": 4, "teacher_cache": 8},
+    "costmodel": {"n_probes": 10, "repeats": 2},
+    "validation": {"n": 4, "repeats": 2, "max_mape": 60.0, "min_kendall_tau": None},
+    "search": {"dnas": {"steps": 40, "batch_size": 4, "teacher_cache": 8},
                "measured_rounds": 2, "measured_repeats": 5},
     "distill": {"tokens": 32768, "batch_size": 8, "seq_len": 256, "eval_batches": 2,
                 "ckpt_every": 10},
@@ -91,18 +96,25 @@ def run_matrix(args) -> dict:
     data = targets_matrix(teacher=args.teacher, targets=args.targets,
                           predicted_targets=args.predicted, workload=args.workload,
                           predicted_workload=args.predicted_workload,
-                          budget_fraction=args.budget_fraction, eval_limit=args.eval_limit,
+                          budget_fraction=args.budget_fraction,
+                          predicted_budget_fraction=args.predicted_budget_fraction,
+                          eval_limit=args.eval_limit,
                           options=_options(args), seed=args.seed, track=not args.no_track)
     load["after"] = os.getloadavg()
+    return enrich_matrix(data, args, load, time.perf_counter() - started)
+
+
+def enrich_matrix(data: dict, args, load: dict, wall_s: float) -> dict:
+    """The flow's matrix plus what the report reads: architectures, scores, cost terms."""
+    data["teacher"] = args.teacher
     for model in data["models"].values():
         model["arch_spec"] = _arch(model["arch"])
         model["evaluation_report"] = _summary(_json(model["evaluation"]))
         model["cost_terms"] = cost_terms(model["costmodel"], data, model)
-        validation = _json(model["validation"])
-        model["validation_mape"] = validation.get("mape")
-    data.update(load_average=load, wall_s=time.perf_counter() - started,
+        model["validation_mape"] = _json(model["validation"]).get("mape")
+    data.update(load_average=load, wall_s=wall_s,
                 created=datetime.now(UTC).isoformat(timespec="seconds"),
-                options=_options(args), eval_limit=args.eval_limit, teacher=args.teacher)
+                options=_options(args), eval_limit=args.eval_limit)
     return data
 
 
@@ -159,12 +171,49 @@ def cost_terms(costmodel_ref: dict, data: dict, model: dict) -> dict[str, float]
             "hidden size halved": cut(lambda layers: spec.hidden_size // 2)}
 
 
+# ------------------------------------------------------------------ one search, many targets
+
+
+def run_joint(args) -> dict:
+    _prepare()
+    from flows.targets import compress_joint, target_label
+
+    load = {"before": os.getloadavg()}
+    started = time.perf_counter()
+    report = compress_joint(teacher=args.teacher, targets=args.targets, workload=args.workload,
+                            budget_fraction=args.budget_fraction, eval_limit=args.eval_limit,
+                            options=_options(args), seed=args.seed, track=not args.no_track)
+    load["after"] = os.getloadavg()
+    out = report.outputs
+    search = _search_json(out["arch"])
+    verifications = {}
+    for target in args.targets:
+        v = _json(out[f"verification.{target_label(target)}"].model_dump(mode="json"))
+        verifications[target] = {k: v[k] for k in ("measured", "noise", "predicted", "limits",
+                                                   "ok")}
+    return {"targets": args.targets, "workload": args.workload,
+            "budget_fraction": args.budget_fraction, "params": search["params"],
+            "arch_spec": search["arch"], "search": {k: search[k] for k in (
+                "budgets", "targets", "final_lambda", "measured_rounds", "seconds")},
+            "scores": _summary(_json(out["evaluation"].model_dump(mode="json"))),
+            "verifications": verifications, "wall_s": time.perf_counter() - started,
+            "steps": [s.model_dump() for s in report.steps], "load_average": load,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "options": _options(args), "eval_limit": args.eval_limit}
+
+
+def _search_json(ref) -> dict:
+    from autocompress.artifacts import fetch
+
+    return json.loads((fetch(ref) / "arch.search.json").read_text())
+
+
 # ------------------------------------------------------------------ Pareto family
 
 
 def run_pareto(args) -> dict:
     _prepare()
-    from flows.sweep import SweepPoint, pareto_front, sweep
+    from flows.sweep import SweepPoint, pareto_front
     from flows.targets import budget_label, pareto
 
     options = _options(args)
@@ -193,15 +242,8 @@ def run_pareto(args) -> dict:
             "members": members, "family_wall_s": family_wall,
             "family_steps": [s.model_dump() for s in family.steps]}
     if args.one_by_one:
-        t1 = time.perf_counter()
-        runs = [{"label": budget_label(f), "budget_fraction": f} for f in args.one_by_one]
-        base = {"teacher": args.teacher, "target": args.target, "workload": args.workload,
-                "eval_limit": args.eval_limit, "register_as": None, "options": options,
-                "seed": args.seed, "track": not args.no_track}
-        report = sweep(runs=runs, base=base, cost_metrics=["tpot_ms"])
-        data["one_by_one"] = {"budgets": args.one_by_one, "wall_s": time.perf_counter() - t1,
-                              "points": [_one(p) for p in report.points]}
-        load["after_one_by_one"] = os.getloadavg()
+        data["search_times"] = time_searches(family, args, options)
+        load["after_search_times"] = os.getloadavg()
     data.update(load_average=load, created=datetime.now(UTC).isoformat(timespec="seconds"),
                 options=options, eval_limit=args.eval_limit)
     return data
@@ -219,11 +261,43 @@ def _member(point, fraction: float) -> dict:
             "arch_spec": _arch(arch.model_dump(mode="json"))}
 
 
-def _one(point) -> dict:
-    return {"label": point.label, "error": point.error, "score": point.score,
-            "costs": point.costs, "steps": point.steps,
-            "params": (point.outputs.get("arch").metrics.get("params")
-                       if point.outputs.get("arch") is not None else None)}
+def time_searches(family, args, options: dict) -> dict:
+    """The family's search against the same budgets searched one by one, back to back in
+    one process on one ``SearchContext`` (the teacher, importance, cost model and corpus of
+    the family's flow run): only the search differs between the two ways, prune, distill,
+    evaluate and verify are the same work per budget."""
+    from autocompress.artifacts import fetch
+    from autocompress.costmodel import CostModel
+    from autocompress.search.family import run_family
+    from autocompress.search.run import SearchConfig, SearchContext, run_search
+    from flows.compress import seeded
+    from flows.targets import budget_label, target_label
+
+    missing = [f for f in args.one_by_one if f not in args.budgets]
+    if missing or len(args.one_by_one) < 2:
+        raise SystemExit(f"--one-by-one needs two or more of --budgets ({missing} are not)")
+    out = family.outputs
+    config = SearchConfig.model_validate(seeded(options, args.seed)["search"])
+    ctx = SearchContext.build(
+        str(fetch(out["teacher"])), args.target, args.workload, config=config,
+        importance=fetch(out["importance"]), progress=False,
+        cost_model=CostModel.load(fetch(out[f"costmodel.{target_label(args.target)}"])))
+    limits = [out[f"limits.{budget_label(f)}"] for f in args.one_by_one]
+    t0 = time.perf_counter()
+    members = run_family(ctx, limits, config)
+    family_s = time.perf_counter() - t0
+    singles = []
+    for fraction, own in zip(args.one_by_one, limits, strict=True):
+        t1 = time.perf_counter()
+        outcome = run_search(ctx, own, config, progress=False)
+        singles.append({"budget_fraction": fraction, "seconds": time.perf_counter() - t1,
+                        "params": outcome.spec.num_params(),
+                        "measured_rounds": len(outcome.measured_rounds)})
+    return {"budgets": args.one_by_one, "family_s": family_s,
+            "family_shared_s": members[0].seconds["shared"],
+            "family_params": [m.spec.num_params() for m in members],
+            "family_measured_rounds": [len(m.measured_rounds) for m in members],
+            "one_by_one": singles, "one_by_one_s": sum(s["seconds"] for s in singles)}
 
 
 def search_seconds(steps: list[dict], names: tuple[str, ...]) -> float:
@@ -235,15 +309,22 @@ def search_seconds(steps: list[dict], names: tuple[str, ...]) -> float:
 # ------------------------------------------------------------------ report
 
 
+def _count(value) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
 def _fmt(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}g}"
 
 
 def matrix_tables(data: dict) -> list[str]:
     names = list(data["models"])
+    gpu = {data["budget_fractions"][t] for t in data["predicted_targets"]}
     lines = [f"Budget: {data['budget_fraction']:.0%} of the teacher's predicted main metric "
-             f"on each target (measured targets: workload `{data['workload']}`; GPU targets: "
-             f"`{data['predicted_workload']}`, predicted only).", "",
+             f"on each measured target (workload `{data['workload']}`); GPU targets: "
+             f"{', '.join(f'{f:.0%}' for f in gpu) or '–'} on `{data['predicted_workload']}`, "
+             "predicted only (below that, no architecture of the space reaches the budget: "
+             "see the cost terms below).", "",
              "**Each target's own architecture** (held-out loss: lower is better; s.e. over "
              "windows; MC: multiple-choice mean over the local tasks, s.e. over items)", "",
              "| searched for | params | hidden | held-out loss ± s.e. | MC ± s.e. | its limit | "
@@ -253,7 +334,7 @@ def matrix_tables(data: dict) -> list[str]:
         s = m["evaluation_report"]
         gate = m.get("validation_mape") or {}
         lines.append(
-            f"| {name} | {m['params']:,.0f} | {m['arch_spec']['hidden_size']} | "
+            f"| {name} | {_count(m['params'])} | {m['arch_spec']['hidden_size']} | "
             f"{_fmt(s['heldout_loss'], 4)} ± {_fmt(s['heldout_loss_stderr'], 2)} | "
             f"{_fmt(s['mc_mean'])} ± {_fmt(s['mc_mean_stderr'], 2)} | "
             f"{_limit_text(m['limits'])} | "
@@ -357,7 +438,7 @@ def pareto_lines(data: dict) -> list[str]:
     for m in data["members"]:
         s = m["scores"]
         lines.append(
-            f"| {m['budget_fraction']:.0%} | {m['params']:,.0f} | "
+            f"| {m['budget_fraction']:.0%} | {_count(m['params'])} | "
             f"{_fmt(s['heldout_loss'], 4)} ± {_fmt(s['heldout_loss_stderr'], 2)} | "
             f"{_fmt(s['mc_mean'])} ± {_fmt(s['mc_mean_stderr'], 2)} | "
             f"{_fmt(m['measured']['tpot_ms'])} ± {_fmt(m['noise'].get('tpot_ms'), 2)} "
@@ -367,18 +448,43 @@ def pareto_lines(data: dict) -> list[str]:
     lines += ["", f"Family: {data['family_wall_s']:.0f} s wall for {len(data['budgets'])} "
               f"budgets, of which the search (one DNAS + scores + {len(data['budgets'])} "
               f"repairs and measured loops) {family_search:.0f} s."]
-    one = data.get("one_by_one")
-    if one:
-        steps = [s for p in one["points"] for s in p["steps"]]
-        searched = search_seconds(steps, ("arch",))
-        per = searched / max(1, len(one["budgets"]))
-        lines += [f"One by one (`flows/sweep.py`, one `compress` run per budget, budgets "
-                  f"{', '.join(f'{b:.0%}' for b in one['budgets'])}): {one['wall_s']:.0f} s "
-                  f"wall, of which the searches {searched:.0f} s ({per:.0f} s per budget, "
-                  f"{per * len(data['budgets']):.0f} s for the family's "
-                  f"{len(data['budgets'])} budgets at that rate). Both reuse the cached "
-                  "teacher, corpus, cost model, gate, importance and teacher evaluation; "
-                  "an identical architecture reuses prune/distill/verify from the cache."]
+    times = data.get("search_times")
+    if times:
+        budgets = ", ".join(f"{b:.0%}" for b in times["budgets"])
+        singles = ", ".join(f"{s['seconds']:.0f}" for s in times["one_by_one"])
+        lines += ["", f"**Search time, one search vs one by one** (budgets {budgets}, back to "
+                  "back in one process on the same teacher, importance and cost model; prune, "
+                  "distill, evaluate and verify are the same work either way): the family "
+                  f"{times['family_s']:.0f} s (shared DNAS + scores {times['family_shared_s']:.0f}"
+                  f" s), one by one {times['one_by_one_s']:.0f} s ({singles} s). Parameters: "
+                  f"family {times['family_params']}, one by one "
+                  f"{[s['params'] for s in times['one_by_one']]}."]
+    return lines
+
+
+def joint_lines(data: dict, own: dict) -> list[str]:
+    """The joint architecture verified on each target, against each target's own."""
+    s = data["scores"]
+    lines = [f"`autocompress run --target {' --target '.join(data['targets'])} --budget-fraction "
+             f"{data['budget_fraction']}` (the `compress-joint` flow): {_count(data['params'])} "
+             f"parameters, held-out loss {_fmt(s['heldout_loss'], 4)} ± "
+             f"{_fmt(s['heldout_loss_stderr'], 2)}, MC {_fmt(s['mc_mean'])} ± "
+             f"{_fmt(s['mc_mean_stderr'], 2)}.", "",
+             "| target | limit | joint: measured ± noise (pred) | verify | that target's own "
+             "architecture: params, held-out loss | joint − own (held-out loss) |",
+             "|---|---|---|---|---|---|"]
+    for target, v in data["verifications"].items():
+        limits = {k: x for k, x in v["limits"].items() if x is not None}
+        metric = next(iter(limits)).removeprefix("max_")
+        mine = own.get(target)
+        own_text, diff = "–", "–"
+        if mine:
+            loss = mine["evaluation_report"]["heldout_loss"]
+            own_text = f"{_count(mine['params'])}, {loss:.4f}"
+            diff = f"{s['heldout_loss'] - loss:+.4f}"
+        lines.append(f"| {target} | {_limit_text(limits)} | {_fmt(v['measured'][metric])} ± "
+                     f"{_fmt(v['noise'].get(metric), 2)} ({_fmt(v['predicted'][metric])}) | "
+                     f"{'pass' if v['ok'] else 'FAIL'} | {own_text} | {diff} |")
     return lines
 
 
@@ -408,6 +514,13 @@ def write_report(out_dir: Path) -> Path:
                   "![per-layer architectures](targets_heatmaps.png)", "",
                   "### Why they differ: what each cut saves (the target's cost model)", "",
                   *cost_term_rows(data), "", *why_text(data), ""]
+    joint_path = out_dir / "targets_joint.json"
+    if joint_path.exists():
+        data = json.loads(joint_path.read_text())
+        own = json.loads(matrix_path.read_text())["models"] if matrix_path.exists() else {}
+        lines += ["## One architecture for several targets", "",
+                  f"{data['created']}; {data['wall_s']:.0f} s wall; load average "
+                  f"{_load_all(data['load_average'])}.", "", *joint_lines(data, own), ""]
     pareto_path = out_dir / "targets_pareto.json"
     if pareto_path.exists():
         data = json.loads(pareto_path.read_text())
@@ -460,7 +573,7 @@ def plot_front(data: dict, path: Path) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("matrix", "pareto"):
+    for name in ("matrix", "joint", "pareto"):
         s = sub.add_parser(name)
         s.add_argument("--teacher", default="default")
         s.add_argument("--workload", default="interactive-cpu")
@@ -475,12 +588,20 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--predicted", nargs="*", default=PREDICTED)
     m.add_argument("--predicted-workload", default="interactive")
     m.add_argument("--budget-fraction", type=float, default=0.5)
+    m.add_argument("--predicted-budget-fraction", type=float, default=0.9,
+                   help="The GPU targets' budget: the 7M teacher is ~85%% fixed per-token "
+                   "overhead there (spec-sheet models), so 50%% is out of reach.")
+    j = sub.choices["joint"]
+    j.add_argument("--targets", nargs="+", default=MEASURED)
+    j.add_argument("--budget-fraction", type=float, default=0.5)
     f = sub.choices["pareto"]
-    f.add_argument("--target", default="cpu-local/hf-eager/fp32")
+    f.add_argument("--target", default="cpu-local/llama.cpp/q4_0",
+                   help="llama.cpp by default: its steps are timed in CPU time, which a shared "
+                   "machine's load moves least, and 30%% of the teacher is reachable there.")
     f.add_argument("--budgets", nargs="+", type=float, default=[0.7, 0.6, 0.5, 0.4, 0.3])
     f.add_argument("--one-by-one", nargs="*", type=float, default=[],
-                   help="Budgets to also run one by one (compress per budget) for the time "
-                   "comparison.")
+                   help="Budgets (of --budgets) whose search is also timed one by one "
+                   "against a family of the same budgets.")
     r = sub.add_parser("report")
     r.add_argument("--out", default=str(RESULTS))
     return p
@@ -495,6 +616,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "matrix":
         data = run_matrix(args)
         log(f"wrote {write_json_atomic(out / 'targets.json', data)}")
+    elif args.command == "joint":
+        data = run_joint(args)
+        log(f"wrote {write_json_atomic(out / 'targets_joint.json', data)}")
     elif args.command == "pareto":
         data = run_pareto(args)
         log(f"wrote {write_json_atomic(out / 'targets_pareto.json', data)}")

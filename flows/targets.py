@@ -251,6 +251,7 @@ def targets_matrix(
     predicted_targets: list[str] | None = None,
     predicted_workload: str = "interactive",
     budget_fraction: float = 0.5,
+    predicted_budget_fraction: float | None = None,
     seed: int | None = None,
     eval_tasks: str | None = None,
     eval_limit: int | None = None,
@@ -262,7 +263,9 @@ def targets_matrix(
 ) -> dict[str, Any]:
     """Each target's own architecture at ``budget_fraction`` of the teacher's cost on it,
     then every architecture on every target: measured (``verify``) on ``targets``, predicted
-    on ``predicted_targets`` (spec-sheet cost models, ``predicted_workload``)."""
+    on ``predicted_targets`` (spec-sheet cost models, ``predicted_workload`` and
+    ``predicted_budget_fraction``, default ``budget_fraction``: a small teacher on a GPU is
+    mostly fixed per-token overhead, so half its cost may be out of reach there)."""
     from autocompress.costmodel import Target
 
     started = time.perf_counter()
@@ -277,9 +280,12 @@ def targets_matrix(
                                    corpus_dir)
     params = {"teacher": teacher, "targets": measured, "predicted_targets": predicted,
               "workload": workload, "predicted_workload": predicted_workload,
-              "budget_fraction": budget_fraction, "seed": seed, "eval_limit": eval_limit,
-              "options": options}
+              "budget_fraction": budget_fraction,
+              "predicted_budget_fraction": predicted_budget_fraction, "seed": seed,
+              "eval_limit": eval_limit, "options": options}
     everything = measured + predicted
+    fractions = {t: budget_fraction for t in measured}
+    fractions.update({t: predicted_budget_fraction or budget_fraction for t in predicted})
     with tracked_flow("targets-matrix", params, experiment, store, track) as run:
         report = new_report("targets-matrix", run)
         run_steps(_shared_steps(), values, run, report)
@@ -287,7 +293,7 @@ def targets_matrix(
         for target in everything:  # each target's own architecture and model
             key = target_label(target)
             own = dict(values, workload=workload if target in measured else predicted_workload)
-            steps = target_steps(target, own, budget_fraction, Limits())
+            steps = target_steps(target, own, fractions[target], Limits())
             arch = keyed(STEPS["arch"], key, PER_TARGET + PER_MODEL)
             arch.inputs["target"] = f"target.{key}"
             run_steps(steps + model_steps(key, arch), own, run, report)
@@ -309,7 +315,8 @@ def targets_matrix(
         return {"cells": [c.model_dump() for c in cells],
                 "models": {t: _model_summary(values, target_label(t)) for t in everything},
                 "targets": measured, "predicted_targets": predicted,
-                "budget_fraction": budget_fraction, "workload": workload,
+                "budget_fraction": budget_fraction, "budget_fractions": fractions,
+                "workload": workload,
                 "predicted_workload": predicted_workload,
                 "steps": [s.model_dump() for s in flow_report.steps],
                 "wall_s": flow_report.wall_s, "mlflow_run_id": flow_report.mlflow_run_id}

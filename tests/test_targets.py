@@ -142,9 +142,45 @@ def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
     (["--target", "cpu-local/hf-eager/fp32", "--target", "nowhere/x"], "unknown hardware"),
     (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/llama.cpp/q8_0",
       "--baseline"], "single-target run"),
+    (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/llama.cpp/q8_0"],
+     "no limit to compress for"),
 ])
 def test_run_rejects_bad_target_and_budget_combinations(capsys, monkeypatch, args, message):
     code, err = cli(capsys, monkeypatch, "run", *args)
     assert code == 2
     assert message in err and "Traceback" not in err
     assert err.count("error:") == 1
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "targets.py"
+    spec = importlib.util.spec_from_file_location("bench_targets", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_thesis_check_names_the_most_accurate_architecture_within_each_limit():
+    bench = _bench()
+
+    def model(loss):
+        return {"evaluation_report": {"heldout_loss": loss, "heldout_loss_stderr": 0.001}}
+
+    def cell(arch, target, ok):
+        return {"arch": arch, "target": target, "ok": ok, "measured": True}
+
+    data = {"targets": ["a", "b"], "predicted_targets": [],
+            "models": {"a": model(4.50), "b": model(4.40)},
+            # a's own architecture is the only one within a's limit; b's limit admits both,
+            # and a's (worse loss) is not the best there: b's own is.
+            "cells": [cell("a", "a", True), cell("b", "a", False), cell("a", "b", True),
+                      cell("b", "b", True)]}
+    rows = bench.thesis_rows(data)[2:]
+    assert rows[0].startswith("| a | a | a (4.5000)") and rows[0].endswith("| holds |")
+    assert rows[1].startswith("| b | a, b | b (4.4000)") and rows[1].endswith("| holds |")
+    data["models"]["a"] = model(4.30)  # now a's architecture beats b's own within b's limit
+    rows = bench.thesis_rows(data)[2:]
+    assert "| b | a, b | a (4.3000)" in rows[1] and rows[1].endswith("**fails** |")

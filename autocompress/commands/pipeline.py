@@ -91,7 +91,7 @@ def run(
 
     if method not in METHODS:  # before Prefect starts: one line, exit 2
         raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
-    fractions = many_targets_mode(target, budgets, budget_fraction, method, baseline)
+    fractions = many_targets_mode(target, budgets, budget_fraction, limits, method, baseline)
     _prepare_environment()
     if refresh_cache:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
@@ -131,7 +131,7 @@ def parse_budgets(text: str) -> list[float]:
 
 
 def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: float | None,
-                      method: str, baseline: bool) -> list[float] | None:
+                      limits: Limits, method: str, baseline: bool) -> list[float] | None:
     """Check the combination of --target (repeated), --budgets and the single-run options;
     the family's fractions (None: not a family)."""
     from autocompress.costmodel import Target
@@ -145,6 +145,10 @@ def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: 
         raise AutoCompressError("--method and --baseline apply to a single-target run",
                                 "drop them, or run one --target without --budgets")
     if budgets is None:
+        if len(targets) > 1 and limits.is_empty() and budget_fraction is None:
+            raise AutoCompressError("no limit to compress for",
+                                    "give --budget-fraction 0.5 (of the teacher's cost on each "
+                                    "target) or a limit every target must meet")
         return None
     if len(targets) > 1:
         raise AutoCompressError("--budgets takes one --target",
