@@ -290,17 +290,22 @@ def targets_matrix(
         report = new_report("targets-matrix", run)
         run_steps(_shared_steps(), values, run, report)
         cells: list[MatrixCell] = []
+        errors: dict[str, str] = {}
         for target in everything:  # each target's own architecture and model
             key = target_label(target)
             own = dict(values, workload=workload if target in measured else predicted_workload)
             steps = target_steps(target, own, fractions[target], Limits())
             arch = keyed(STEPS["arch"], key, PER_TARGET + PER_MODEL)
             arch.inputs["target"] = f"target.{key}"
-            run_steps(steps + model_steps(key, arch), own, run, report)
+            try:  # a target whose search fails (e.g. unreachable) is reported, not fatal
+                run_steps(steps + model_steps(key, arch), own, run, report)
+            except AutoCompressError as err:
+                errors[target] = str(err)
             values.update({k: v for k, v in own.items() if k.endswith(f".{key}")})
-        for target in everything:  # every architecture on this target
+        found = [t for t in everything if t not in errors]
+        for target in found:  # every architecture on this target
             key = target_label(target)
-            for source in everything:
+            for source in found:
                 name = f"cell.{target_label(source)}.{key}"
                 if target in measured:
                     step = verify_step(name, f"model.{target_label(source)}", target)
@@ -312,8 +317,8 @@ def targets_matrix(
                 run_steps([step], values, run, report)
                 cells.append(_cell(source, target, values[name]))
         flow_report = finish_report(report, run, started)
-        return {"cells": [c.model_dump() for c in cells],
-                "models": {t: _model_summary(values, target_label(t)) for t in everything},
+        return {"cells": [c.model_dump() for c in cells], "errors": errors,
+                "models": {t: _model_summary(values, target_label(t)) for t in found},
                 "targets": measured, "predicted_targets": predicted,
                 "budget_fraction": budget_fraction, "budget_fractions": fractions,
                 "workload": workload,

@@ -7,6 +7,7 @@ costs a fixed call overhead (as on this CPU: depth is what costs), one where byt
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -184,3 +185,61 @@ def test_the_thesis_check_names_the_most_accurate_architecture_within_each_limit
     data["models"]["a"] = model(4.30)  # now a's architecture beats b's own within b's limit
     rows = bench.thesis_rows(data)[2:]
     assert "| b | a, b | a (4.3000)" in rows[1] and rows[1].endswith("**fails** |")
+
+
+def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
+    """``bench/targets.py``'s cost terms (from a real cost model artifact) and the report it
+    writes from a matrix, a joint run and a family (the plots included)."""
+    from autocompress.artifacts import Store
+    from autocompress.modeling import arch_spec_of, load_causal_lm
+    from autocompress.paths import resolve_model_dir
+
+    bench = _bench()
+    store = Store.from_uri(tmp_path / "store")
+    path = tmp_path / "costmodel.json"
+    CostModel.analytic(Target.parse("cpu-local/llama.cpp/q8_0")).save(path)
+    ref = store.publish(path, "costmodel").model_dump(mode="json")
+    matrix = {"targets": ["cpu-local/llama.cpp/q8_0"], "predicted_targets": [],
+              "workload": "interactive-cpu", "predicted_workload": "interactive",
+              "teacher": "default"}
+    terms = bench.cost_terms(ref, matrix, {})
+    assert terms["metric"] == "tpot_ms" and terms["teacher"] > 0
+    assert 0 < terms["one FFN block"] < terms["FFN widths halved"] < 1
+    arch = arch_spec_of(load_causal_lm(str(resolve_model_dir("default")),
+                                       with_tokenizer=False)[0]).to_dict()
+    scores = {"heldout_loss": 4.2, "heldout_loss_stderr": 0.01, "mc_mean": 0.5,
+              "mc_mean_stderr": 0.02}
+    limits = {"max_tpot_ms": 0.4}
+    matrix.update(budget_fraction=0.5, budget_fractions={"cpu-local/llama.cpp/q8_0": 0.5},
+                  created="now", wall_s=1.0, eval_limit=30, options={},
+                  load_average={"before": [1, 1, 1], "after": [2, 2, 2]},
+                  models={"cpu-local/llama.cpp/q8_0": {
+                      "params": 3e6, "arch_spec": arch, "evaluation_report": scores,
+                      "limits": limits, "cost_terms": terms, "validation_mape": {"tpot": 2.0}}},
+                  cells=[{"arch": "cpu-local/llama.cpp/q8_0", "target": "cpu-local/llama.cpp/q8_0",
+                          "measured": True, "ok": True, "costs": {"tpot_ms": 0.39},
+                          "noise": {"tpot_ms": 0.01}, "predicted": {"tpot_ms": 0.38}}])
+    verification = {"measured": {"tpot_ms": 0.39}, "noise": {}, "predicted": {"tpot_ms": 0.38},
+                    "limits": {"max_tpot_ms": 0.4, "max_ttft_ms": None}, "ok": True}
+    joint = {"targets": ["cpu-local/llama.cpp/q8_0"], "budget_fraction": 0.5, "params": 2e6,
+             "scores": scores, "verifications": {"cpu-local/llama.cpp/q8_0": verification},
+             "created": "now", "wall_s": 1.0, "load_average": {"before": [1, 1, 1]}}
+    member = {"label": "b0.50", "budget_fraction": 0.5, "params": 2e6, "scores": scores,
+              "pareto": True, **verification}
+    family = {"target": "cpu-local/llama.cpp/q8_0", "workload": "interactive-cpu",
+              "budgets": [0.5, 0.3], "members": [member, {**member, "budget_fraction": 0.3}],
+              "family_wall_s": 10.0, "family_steps": [], "created": "now",
+              "load_average": {"before": [1, 1, 1]},
+              "search_times": {"budgets": [0.5, 0.3], "family_s": 5.0, "family_shared_s": 3.0,
+                               "family_params": [2, 1], "one_by_one_s": 8.0,
+                               "one_by_one": [{"seconds": 4.0, "params": 2},
+                                              {"seconds": 4.0, "params": 1}]}}
+    for name, data in (("targets", matrix), ("targets_joint", joint),
+                       ("targets_pareto", family)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    text = bench.write_report(tmp_path).read_text()
+    assert "✓ 0.39 ± 0.01 (pred 0.38)" in text and "| holds |" in text
+    assert "| cpu-local/llama.cpp/q8_0 | tpot_ms ≤ 0.4 | 0.39 ± – (0.38) | pass |" in text
+    assert "one by one 8 s (4, 4 s)" in text
+    assert (tmp_path / "targets_heatmaps.png").stat().st_size > 0
+    assert (tmp_path / "targets_pareto.png").stat().st_size > 0
