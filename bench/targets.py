@@ -99,7 +99,7 @@ def run_matrix(args) -> dict:
                           predicted_workload=args.predicted_workload,
                           budget_fraction=args.budget_fraction,
                           predicted_budget_fraction=args.predicted_budget_fraction,
-                          eval_limit=args.eval_limit,
+                          eval_limit=args.eval_limit, eval_tasks=args.eval_tasks,
                           options=_options(args), seed=args.seed, track=not args.no_track)
     load["after"] = os.getloadavg()
     return enrich_matrix(data, args, load, time.perf_counter() - started)
@@ -181,6 +181,7 @@ def run_joint(args) -> dict:
     started = time.perf_counter()
     report = compress_joint(teacher=args.teacher, targets=args.targets, workload=args.workload,
                             budget_fraction=args.budget_fraction, eval_limit=args.eval_limit,
+                            eval_tasks=args.eval_tasks,
                             options=_options(args), seed=args.seed, track=not args.no_track)
     load["after"] = os.getloadavg()
     out = report.outputs
@@ -219,7 +220,8 @@ def run_pareto(args) -> dict:
     load = {"before": os.getloadavg()}
     t0 = time.perf_counter()
     family = pareto(teacher=args.teacher, target=args.target, workload=args.workload,
-                    budgets=args.budgets, eval_limit=args.eval_limit, options=options,
+                    budgets=args.budgets, eval_limit=args.eval_limit,
+                    eval_tasks=args.eval_tasks, options=options,
                     seed=args.seed, track=not args.no_track)
     family_wall = time.perf_counter() - t0
     load["after_family"] = os.getloadavg()
@@ -582,6 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--teacher", default="default")
         s.add_argument("--workload", default="interactive-cpu")
         s.add_argument("--eval-limit", type=int, default=30)
+        s.add_argument("--eval-tasks", default="heldout",
+                       help="Benchmarks (default: held-out loss, next-token accuracy and bits "
+                       "per byte; `local` adds the multiple-choice tasks, ~3x the time).")
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("--options", default=None, help="More per-stage settings as JSON, "
                        "merged over OPTIONS.")

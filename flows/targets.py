@@ -99,8 +99,8 @@ def _flow_values(teacher, workload, options, seed, eval_tasks, eval_limit, corpu
     return options, base_values(teacher, workload, options, eval_tasks, eval_limit, corpus_dir)
 
 
-def _shared_steps() -> list[Step]:
-    return [STEPS[name] for name in SHARED] + [STEPS["teacher_eval"]]
+def _shared_steps(teacher_eval: bool = True) -> list[Step]:
+    return [STEPS[name] for name in SHARED] + ([STEPS["teacher_eval"]] if teacher_eval else [])
 
 
 # ------------------------------------------------------------------ one search, many targets
@@ -197,7 +197,8 @@ def pareto(
     with tracked_flow("pareto", params, experiment, store, track) as run:
         report = new_report("pareto", run)
         labels = [budget_label(b) for b in budgets]
-        steps = _shared_steps() + target_steps(target, values, None, Limits())[:3]
+        steps = _shared_steps(teacher_eval=False) + target_steps(target, values, None,
+                                                                 Limits())[:3]
         limit_steps = []
         for label, fraction in zip(labels, budgets, strict=True):
             values[f"fraction.{label}"] = fraction
