@@ -27,12 +27,14 @@ from autocompress.search.multitarget import (
     target_limits,
 )
 from autocompress.search.run import run_search
+from autocompress.search.selection import SelectionConfig
 
 WORKLOAD = Workload(name="test", isl=16, osl=4, batch=1)
 CONFIG = SearchConfig(
     space=SpaceConfig(granularity=16, ffn_fractions=[1.0, 0.5, 0.25], head_fractions=[1.0, 0.5]),
     dnas=DNASConfig(steps=8, batch_size=2, seq_len=32, teacher_cache=2),
     measured_rounds=0,
+    selection=SelectionConfig(top_k=1, depth_variants=False),  # no short distillations here
 )
 
 
