@@ -47,9 +47,15 @@ def importance_sizes(teacher_params: float | None) -> dict[str, Any]:
 
 def search_sizes(teacher_params: float | None) -> dict[str, Any]:
     """``SearchConfig`` fields: sequences per DNAS step and per measured score (4 at the
-    reference). (The flow always hands the search its importance stage's scores.)"""
+    reference), and the short distillation each short-listed candidate gets before the
+    final pick (the search's and the Minitron baseline's alike: fewer sequences per step,
+    as many steps). (The flow always hands the search its importance stage's scores.)"""
     scale = token_scale(teacher_params)
-    return {} if scale == 1.0 else {"dnas": {"batch_size": _scaled(4, scale, 2)}}
+    if scale == 1.0:
+        return {}
+    return {"dnas": {"batch_size": _scaled(4, scale, 2)},
+            "minitron": {"distill_tokens": _scaled(32_768, scale, 4_096),
+                         "distill_batch_size": _scaled(8, scale, 2)}}
 
 
 def eval_sizes(teacher_params: float | None) -> dict[str, Any]:

@@ -30,6 +30,11 @@ def test_a_135m_teacher_reads_fewer_tokens_but_not_below_the_floors():
     search = SearchConfig.model_validate(search_sizes(params))
     assert 2 <= search.dnas.batch_size < SearchConfig().dnas.batch_size
     assert search.calibration.removal_batches == SearchConfig().calibration.removal_batches
+    short, reference = search.minitron, SearchConfig().minitron
+    assert short.distill_tokens < reference.distill_tokens
+    steps = short.distill_tokens / (short.distill_batch_size * short.distill_seq_len)
+    assert abs(steps - reference.distill_tokens / (
+        reference.distill_batch_size * reference.distill_seq_len)) <= 1
     distill = DistillConfig.model_validate({"tokens": 1, **distill_sizes(params)})
     assert 2 <= distill.eval_batches < DistillConfig(tokens=1).eval_batches
     suite = EvalConfig.model_validate(eval_sizes(params))
@@ -43,6 +48,7 @@ def test_explicit_options_win_over_scaled_sizes():
     merged = with_defaults({"dnas": {"steps": 40}, "score_batches": 2},
                            search_sizes(134_515_008))
     assert merged["dnas"] == {"batch_size": 2, "steps": 40}
+    assert merged["minitron"]["distill_batch_size"] == 2
     assert merged["score_batches"] == 2
     assert with_defaults({"dnas": {"batch_size": 8}}, search_sizes(1e9))["dnas"] == {
         "batch_size": 8}
