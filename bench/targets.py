@@ -552,10 +552,14 @@ def plot_front(data: dict, path: Path) -> Path:
     from autocompress.report import _pyplot
 
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     members = data["members"]
-    for ax, key, label in ((axes[0], "heldout_loss", "held-out loss (lower is better)"),
-                           (axes[1], "mc_mean", "MC mean (higher is better)")):
+    # Only the scores the family was evaluated on (the MC suite is optional).
+    panels = [(key, label) for key, label in (("heldout_loss", "held-out loss (lower is better)"),
+                                              ("mc_mean", "MC mean (higher is better)"))
+              if all(m["scores"].get(key) is not None for m in members)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    axes = axes[0]
+    for ax, (key, label) in zip(axes, panels, strict=True):
         xs = [m["measured"]["tpot_ms"] for m in members]
         ys = [m["scores"][key] for m in members]
         ax.errorbar(xs, ys, xerr=[m["noise"].get("tpot_ms", 0.0) for m in members], fmt="o-",
