@@ -157,13 +157,6 @@ CHAIN = ["teacher", "corpus", "profile", "costmodel", "validation", "importance"
          "pruned", "model", "evaluation", "verification"]
 
 
-def resolve_teacher_dir(teacher: str) -> Path:
-    """``default``, a model directory, or ``models:/NAME/VERSION`` (a registered model)."""
-    from autocompress.paths import resolve_model_dir
-
-    return resolve_model_dir(teacher)
-
-
 def build_lineage(values: dict[str, Any], params: dict[str, Any], flow_run_id: str | None,
                   chain: list[str]) -> Lineage:
     """The lineage record of a registered model from the flow's step outputs."""
@@ -241,7 +234,7 @@ def compress(
         trigger_event: id of the Prefect event that started this run (set by the
             deployment's trigger); recorded in the MLflow run and the lineage.
     """
-    from autocompress.paths import default_corpus_dir
+    from autocompress.paths import default_corpus_dir, resolve_model_dir
 
     started = time.perf_counter()
     limits = Limits.model_validate(limits or {}) if not isinstance(limits, Limits) else limits
@@ -261,7 +254,7 @@ def compress(
         values: dict[str, Any] = {
             **params,
             "limits": limits,
-            "teacher_dir": resolve_teacher_dir(teacher),
+            "teacher_dir": resolve_model_dir(teacher),
             "corpus_dir": Path(corpus_dir) if corpus_dir else default_corpus_dir(),
             "eval_config": eval_config or {},
             "machine": this_machine(),

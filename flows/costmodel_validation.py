@@ -12,8 +12,8 @@ from typing import Any
 
 from prefect import flow
 
+from autocompress.paths import resolve_model_dir
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
-from flows.compress import resolve_teacher_dir
 from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
 from tasks.teacher import publish_teacher
 
@@ -53,7 +53,7 @@ def costmodel_validation(
     with tracked_flow("costmodel_validation", params, experiment, store, track) as run:
         report = new_report("costmodel_validation", run)
         values: dict[str, Any] = {
-            **params, "teacher_dir": resolve_teacher_dir(teacher), "machine": this_machine(),
+            **params, "teacher_dir": resolve_model_dir(teacher), "machine": this_machine(),
             "costmodel_options": fit or {}, "validation_options": validation or {},
         }
         run_steps(VALIDATION_STEPS, values, run, report)

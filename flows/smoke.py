@@ -17,6 +17,7 @@ from typing import Any
 
 from prefect import flow
 
+from autocompress.paths import resolve_model_dir
 from autocompress.tracking import Lineage
 from flows.common import (
     FlowReport,
@@ -27,7 +28,6 @@ from flows.common import (
     run_steps,
     tracked_flow,
 )
-from flows.compress import resolve_teacher_dir
 from tasks.registry import register_model
 from tasks.smoke import forward_probe
 from tasks.teacher import publish_teacher
@@ -64,7 +64,7 @@ def smoke(
     tags = {"autocompress.trigger_event": trigger_event} if trigger_event else None
     with tracked_flow("smoke", params, experiment, store, track, tags=tags) as run:
         report = new_report("smoke", run)
-        values: dict[str, Any] = {"teacher": teacher, "teacher_dir": resolve_teacher_dir(teacher),
+        values: dict[str, Any] = {"teacher": teacher, "teacher_dir": resolve_model_dir(teacher),
                                   "cpu_device": "cpu", "auto_device": "auto"}
         run_steps(SMOKE_STEPS, values, run, report, placement=placement)
         if register_as and track:

@@ -27,8 +27,9 @@ from pydantic import BaseModel, Field
 
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
+from autocompress.paths import resolve_model_dir
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
-from flows.compress import COMPRESS_STEPS, STAGE_OPTIONS, resolve_teacher_dir, seeded
+from flows.compress import COMPRESS_STEPS, STAGE_OPTIONS, seeded
 from tasks.costmodel import this_machine
 from tasks.targets import family_member, family_search, joint_search, predict_arch
 from tasks.verify import verify_model
@@ -60,7 +61,7 @@ def base_values(teacher: str, workload: str, options: dict | None, eval_tasks, e
     """The flow parameters every step reads (``compress``'s, without target and limits)."""
     from autocompress.paths import default_corpus_dir
 
-    return {"teacher": teacher, "teacher_dir": resolve_teacher_dir(teacher), "workload": workload,
+    return {"teacher": teacher, "teacher_dir": resolve_model_dir(teacher), "workload": workload,
             "corpus_dir": Path(corpus_dir) if corpus_dir else default_corpus_dir(),
             "eval_tasks": eval_tasks, "eval_limit": eval_limit, "eval_config": {},
             "machine": this_machine(), "method": "autocompress", "no_limits": Limits(),
