@@ -42,19 +42,64 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 MEASURED = ["cpu-local/hf-eager/fp32", "cpu-local/llama.cpp/f32", "cpu-local/llama.cpp/q4_0"]
-PREDICTED = ["rtx-5070/vllm/bf16"]
+# hf-eager in bf16 joins the measured targets only where this CPU runs bf16 natively.
+BF16 = "cpu-local/hf-eager/bf16"
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+PREDICTED = ["rtx-5070/vllm/bf16", "h100-sxm/trtllm/bf16"]
+# Targets the issue names that the matrix leaves out, and why (``absent_targets``).
+LLAMACPP_THREADS = (
+    "the flows take a target as `hardware/engine/dtype`, which carries no thread count "
+    "(`Target.threads` and `costmodel fit|validate --threads` exist in the library, but the "
+    "`run`/matrix flows time llama.cpp at 1 thread); on these 2 shared cores a 2-thread "
+    "timing is wall-clock and measures the other sessions' load as much as the engine")
 # Small budgets, sized so the whole matrix and family fit ~25 min of 2 shared cores with
 # the bundled 7M teacher; results/targets.md repeats them.
 OPTIONS: dict[str, dict[str, Any]] = {
     "costmodel": {"n_probes": 10, "repeats": 2},
     "validation": {"n": 4, "repeats": 2, "max_mape": 60.0, "min_kendall_tau": None},
+    # The final pick (every search here: each target's own, the joint one, the family's)
+    # short-lists 4 candidates and gives each 8k tokens of short distillation (8 steps of
+    # 8x128), not the defaults' 10 x 32k: ~10 s a candidate instead of ~25 on 2 cores.
     "search": {"dnas": {"steps": 30, "batch_size": 4, "teacher_cache": 8},
-               "measured_rounds": 2, "measured_repeats": 5},
+               "measured_rounds": 2, "measured_repeats": 5,
+               "selection": {"top_k": 4}, "minitron": {"distill_tokens": 8192}},
     # bf16 off: this AVX2 CPU emulates it (the distillation's own probe says so, and costs).
     "distill": {"tokens": 32768, "batch_size": 8, "seq_len": 256, "eval_batches": 2,
                 "ckpt_every": 10, "bf16": False, "warmup_steps": 2},
     "verify": {"repeats": 3},
 }
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The first processor's feature flags (empty where /proc/cpuinfo is absent)."""
+    if not cpuinfo.exists():
+        return set()
+    for line in cpuinfo.read_text(errors="replace").splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def native_bf16(flags: set[str]) -> list[str]:
+    """The bf16 instructions among ``flags`` (none: torch emulates bf16 matmuls in fp32)."""
+    return sorted(flags & set(BF16_FLAGS))
+
+
+def absent_targets(flags: set[str]) -> dict[str, str]:
+    """Targets of the issue the matrix does not measure here, each with its reason."""
+    import torch
+
+    absent = {"cpu-local/llama.cpp (2 threads)": LLAMACPP_THREADS}
+    if not native_bf16(flags):
+        absent[BF16] = (
+            f"this CPU has none of {', '.join(BF16_FLAGS)} in /proc/cpuinfo (torch's CPU kernels: "
+            f"{torch.backends.cpu.get_cpu_capability()}): bf16 is emulated, so timing it would "
+            "measure the emulation, not a bf16 deployment")
+    return absent
+
+
+def default_measured(flags: set[str]) -> list[str]:
+    return MEASURED + ([BF16] if native_bf16(flags) else [])
 
 
 def log(message: str) -> None:
@@ -102,7 +147,10 @@ def run_matrix(args) -> dict:
                           eval_limit=args.eval_limit, eval_tasks=args.eval_tasks,
                           options=_options(args), seed=args.seed, track=not args.no_track)
     load["after"] = os.getloadavg()
-    return enrich_matrix(data, args, load, time.perf_counter() - started)
+    data = enrich_matrix(data, args, load, time.perf_counter() - started)
+    flags = cpu_flags()
+    data.update(native_bf16=native_bf16(flags), absent=absent_targets(flags))
+    return data
 
 
 def enrich_matrix(data: dict, args, load: dict, wall_s: float) -> dict:
@@ -195,11 +243,19 @@ def run_joint(args) -> dict:
             "budget_fraction": args.budget_fraction, "params": search["params"],
             "arch_spec": search["arch"], "search": {k: search[k] for k in (
                 "budgets", "targets", "final_lambda", "measured_rounds", "seconds")},
+            "selection": _selection(search),
             "scores": _summary(_json(out["evaluation"].model_dump(mode="json"))),
             "verifications": verifications, "wall_s": time.perf_counter() - started,
             "steps": [s.model_dump() for s in report.steps], "load_average": load,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "options": _options(args), "eval_limit": args.eval_limit}
+
+
+def _selection(search: dict) -> list[dict]:
+    """The final pick's short list of a search report (each candidate's KL after the short
+    distillation; ``chosen`` marks the winner)."""
+    keys = ("origin", "layers", "params", "pruned_kl", "kl", "chosen")
+    return [{k: c.get(k) for k in keys} for c in search.get("selection") or []]
 
 
 def _search_json(ref) -> dict:
@@ -259,7 +315,8 @@ def _member(point, fraction: float) -> dict:
             "measured": verification["measured"], "noise": verification["noise"],
             "predicted": verification["predicted"], "limits": verification["limits"],
             "ok": verification["ok"], "pareto": point.pareto,
-            "arch_spec": _arch(arch.model_dump(mode="json"))}
+            "arch_spec": _arch(arch.model_dump(mode="json")),
+            "selection": _selection(_search_json(arch))}
 
 
 def time_searches(family, args, options: dict) -> dict:
@@ -435,7 +492,8 @@ def why_text(data: dict) -> list[str]:
 def pareto_lines(data: dict) -> list[str]:
     lines = [f"Target `{data['target']}`, workload `{data['workload']}`, one search for "
              f"budgets {', '.join(f'{b:.0%}' for b in data['budgets'])} (the DNAS at the "
-             "middle budget, every option scored once, one repair + measured loop per budget).",
+             "middle budget, every option scored once, per budget a repair, the search's final "
+             "pick and the measured loop).",
              "", "| budget | params | held-out loss ± s.e. | MC ± s.e. | TPOT measured ± noise "
              "(pred) | limit | verify | on the front |", "|---|---|---|---|---|---|---|---|"]
     for m in data["members"]:
@@ -447,10 +505,12 @@ def pareto_lines(data: dict) -> list[str]:
             f"{_fmt(m['measured']['tpot_ms'])} ± {_fmt(m['noise'].get('tpot_ms'), 2)} "
             f"({_fmt(m['predicted']['tpot_ms'])}) | {_fmt(m['limits'].get('max_tpot_ms'))} | "
             f"{'pass' if m['ok'] else 'FAIL'} | {'yes' if m['pareto'] else 'no'} |")
+    lines += ["", *[f"- {m['budget_fraction']:.0%}: {selection_text(m['selection'])}"
+                    for m in data["members"] if "selection" in m]]
     family_search = search_seconds(data["family_steps"], ("family", "arch"))
     lines += ["", f"Family: {data['family_wall_s']:.0f} s wall for {len(data['budgets'])} "
               f"budgets, of which the search (one DNAS + scores + {len(data['budgets'])} "
-              f"repairs and measured loops) {family_search:.0f} s."]
+              f"repairs, final picks and measured loops) {family_search:.0f} s."]
     times = data.get("search_times")
     if times:
         budgets = ", ".join(f"{b:.0%}" for b in times["budgets"])
@@ -463,6 +523,21 @@ def pareto_lines(data: dict) -> list[str]:
                   f"family {times['family_params']}, one by one "
                   f"{[s['params'] for s in times['one_by_one']]}."]
     return lines
+
+
+def selection_text(selection: list[dict]) -> str:
+    """The final pick in words: how many candidates, which won, against repair's answer."""
+    if not selection:
+        return "no final pick recorded (top_k 1: repair's answer, untrained)"
+    best = next(c for c in selection if c["chosen"])
+    own = selection[0]  # repair's own answer comes first
+    depths = sorted({c["layers"] for c in selection})
+    text = (f"final pick among {len(selection)} candidates ({depths[0]}-{depths[-1]} layers), "
+            f"each after the baseline's short distillation: {best['origin']}, {best['layers']} "
+            f"layers, KL {_fmt(best['kl'])}")
+    if best is not own:
+        text += f" (repair's own answer: {own['layers']} layers, KL {_fmt(own['kl'])})"
+    return text
 
 
 def joint_lines(data: dict, own: dict) -> list[str]:
@@ -488,6 +563,8 @@ def joint_lines(data: dict, own: dict) -> list[str]:
         lines.append(f"| {target} | {_limit_text(limits)} | {_fmt(v['measured'][metric])} ± "
                      f"{_fmt(v['noise'].get(metric), 2)} ({_fmt(v['predicted'][metric])}) | "
                      f"{'pass' if v['ok'] else 'FAIL'} | {own_text} | {diff} |")
+    if "selection" in data:
+        lines += ["", f"The joint search's {selection_text(data['selection'])}."]
     return lines
 
 
@@ -515,6 +592,8 @@ def write_report(out_dir: Path) -> Path:
                   *matrix_tables(data), "",
                   *[f"- **{t}: no architecture** — {e}" for t, e in
                     (data.get("errors") or {}).items()],
+                  *[f"- **{t}: not in the matrix** — {why}." for t, why in
+                    (data.get("absent") or {}).items()],
                   "", "### Does each target's own architecture win?", "",
                   *thesis_rows(data), "",
                   "![per-layer architectures](targets_heatmaps.png)", "",
@@ -597,13 +676,15 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--no-track", action="store_true")
         s.add_argument("--out", default=str(RESULTS))
     m = sub.choices["matrix"]
-    m.add_argument("--targets", nargs="+", default=MEASURED)
+    m.add_argument("--targets", nargs="+", default=default_measured(cpu_flags()))
     m.add_argument("--predicted", nargs="*", default=PREDICTED)
     m.add_argument("--predicted-workload", default="interactive")
     m.add_argument("--budget-fraction", type=float, default=0.5)
     m.add_argument("--predicted-budget-fraction", type=float, default=0.9,
-                   help="The GPU targets' budget: the 7M teacher is ~85%% fixed per-token "
-                   "overhead there (spec-sheet models), so 50%% is out of reach.")
+                   help="The GPU targets' budget: the 7M teacher is mostly fixed per-token "
+                   "overhead there (spec-sheet models: the smallest reachable is 84%% of its "
+                   "TPOT on the RTX 5070 with vLLM, 87%% on the H100 with TensorRT-LLM), so "
+                   "50%% is out of reach.")
     j = sub.choices["joint"]
     j.add_argument("--targets", nargs="+", default=MEASURED)
     j.add_argument("--budget-fraction", type=float, default=0.5)

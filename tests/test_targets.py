@@ -28,6 +28,7 @@ from autocompress.search.multitarget import (
 )
 from autocompress.search.run import run_search
 from autocompress.search.selection import SelectionConfig
+from autocompress.search.space import Choice
 
 WORKLOAD = Workload(name="test", isl=16, osl=4, batch=1)
 CONFIG = SearchConfig(
@@ -36,6 +37,13 @@ CONFIG = SearchConfig(
     measured_rounds=0,
     selection=SelectionConfig(top_k=1, depth_variants=False),  # no short distillations here
 )
+# The search's final pick (a short list, each given the baseline's short distillation):
+# three candidates, two optimizer steps each.
+PICK = CONFIG.model_copy(update={
+    "selection": SelectionConfig(top_k=3),
+    "minitron": CONFIG.minitron.model_copy(update={
+        "distill_tokens": 2 * 2 * 32, "distill_seq_len": 32, "distill_batch_size": 2,
+        "score_batches": 1})})
 
 
 def _model(target: str, calls: float, per_byte: float) -> CostModel:
@@ -93,6 +101,38 @@ def test_joint_search_meets_every_target_and_each_own_pick_differs(ctx):
         not meets_all(own[BYTES.target.name], targets)[OVERHEAD.target.name]["meets_limits"]
 
 
+def _choice(entry: dict) -> Choice:
+    c = entry["choice"]
+    return Choice(c["hidden"], tuple(c["attention"]), tuple(c["ffn"]))
+
+
+def _check_short_list(ctx, short: list[dict], spec) -> list[Choice]:
+    """A real short list: distinct, repair's answer first, every candidate trained and
+    scored, the lowest KL chosen and returned as ``spec``."""
+    assert 2 <= len(short) <= PICK.selection.top_k and short[0]["origin"] == "repair"
+    choices = [_choice(f) for f in short]
+    assert len(set(choices)) == len(short)
+    assert all(f["kl"] > 0 and f["pruned_kl"] > 0 for f in short)
+    assert any(f["kl"] != f["pruned_kl"] for f in short)  # the short distillation ran
+    chosen = [f for f in short if f["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["kl"] == min(f["kl"] for f in short)
+    assert ctx.space.spec_of(choices[short.index(chosen[0])]) == spec
+    return choices
+
+
+def test_joint_final_pick_is_the_lowest_kl_of_a_short_list_meeting_every_target(
+        ctx, autocompress_home):
+    targets = _targets(ctx)
+    outcome = run_joint_search(ctx, targets, PICK)
+    report = outcome.report(ctx)
+    for choice in _check_short_list(ctx, report["selection"], outcome.spec):
+        # every candidate, not only the winner, meets each target's limits under its own model
+        verdicts = meets_all(ctx.space.spec_of(choice), targets)
+        assert all(v["meets_limits"] for v in verdicts.values())
+    assert report["meets_limits"] and report["seconds"]["selection"] > 0
+    assert report["evaluations"]["dnas_steps"] == PICK.dnas.steps
+
+
 def test_joint_search_refuses_memory_limits_and_repeated_targets(ctx):
     memory = target_limits(ctx, "a", OVERHEAD, WORKLOAD, Limits(max_memory_gb=1.0), None)
     other = _targets(ctx)[1]
@@ -122,6 +162,31 @@ def test_family_runs_one_dnas_and_meets_each_budget(ctx, monkeypatch):
     assert all(p <= lim.max_tpot_ms for p, lim in zip(predicted, limits, strict=True))
     params = [m.spec.num_params() for m in members]
     assert params[0] >= params[1] >= params[2] and params[0] > params[2]
+
+
+def test_family_final_pick_trains_a_candidate_shared_by_two_budgets_once(
+        ctx, autocompress_home, monkeypatch):
+    from autocompress.search import selection
+
+    trained = []
+    original = selection.short_distill_scores
+
+    def counted(teacher, importance, specs, *args, **kwargs):
+        trained.extend(json.dumps(spec.to_dict(), sort_keys=True) for spec in specs)
+        return original(teacher, importance, specs, *args, **kwargs)
+
+    monkeypatch.setattr(selection, "short_distill_scores", counted)
+    teacher = ctx.teacher_costs()["tpot_ms"]
+    limits = [Limits(max_tpot_ms=teacher * f) for f in (0.6, 0.59)]  # close: shared candidates
+    members = run_family(ctx, limits, PICK)
+    listed = []
+    for member, own in zip(members, limits, strict=True):
+        assert member.prediction.metrics()["tpot_ms"] <= own.max_tpot_ms
+        listed += _check_short_list(ctx, member.selection, member.spec)
+    assert len(set(listed)) < len(listed)  # a candidate on both budgets' short lists ...
+    assert len(trained) == len(set(trained)) == len(set(listed))  # ... trained once
+    # The teacher's outputs on the training batches: one cache for every candidate.
+    assert len(list((autocompress_home / "teacher-outputs").iterdir())) == 1
 
 
 def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
@@ -189,6 +254,22 @@ def test_the_thesis_check_names_the_most_accurate_architecture_within_each_limit
     assert "| b | a, b | a (4.3000)" in rows[1] and rows[1].endswith("**fails** |")
 
 
+def test_the_matrix_measures_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
+    bench = _bench()
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n\nprocessor\t: 1\n")
+    flags = bench.cpu_flags(cpuinfo)
+    assert flags == {"fpu", "sse2", "avx2", "fma"} and not bench.native_bf16(flags)
+    assert bench.BF16 not in bench.default_measured(flags)
+    assert "avx512_bf16, amx_bf16" in bench.absent_targets(flags)[bench.BF16]
+    cpuinfo.write_text("flags\t\t: avx2 avx512f avx512_bf16\n")
+    flags = bench.cpu_flags(cpuinfo)
+    assert bench.native_bf16(flags) == ["avx512_bf16"]
+    assert bench.default_measured(flags)[-1] == bench.BF16
+    assert bench.BF16 not in bench.absent_targets(flags)
+    assert bench.cpu_flags(tmp_path / "absent") == set()
+
+
 def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
     """``bench/targets.py``'s cost terms (from a real cost model artifact) and the report it
     writes from a matrix, a joint run and a family (the plots included)."""
@@ -212,7 +293,8 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
     scores = {"heldout_loss": 4.2, "heldout_loss_stderr": 0.01, "mc_mean": 0.5,
               "mc_mean_stderr": 0.02}
     limits = {"max_tpot_ms": 0.4}
-    matrix.update(budget_fraction=0.5, budget_fractions={"cpu-local/llama.cpp/q8_0": 0.5},
+    matrix.update(absent=bench.absent_targets(set()),
+                  budget_fraction=0.5, budget_fractions={"cpu-local/llama.cpp/q8_0": 0.5},
                   created="now", wall_s=1.0, eval_limit=30, options={},
                   load_average={"before": [1, 1, 1], "after": [2, 2, 2]},
                   models={"cpu-local/llama.cpp/q8_0": {
@@ -225,6 +307,9 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
                     "limits": {"max_tpot_ms": 0.4, "max_ttft_ms": None}, "ok": True}
     joint = {"targets": ["cpu-local/llama.cpp/q8_0"], "budget_fraction": 0.5, "params": 2e6,
              "scores": scores, "verifications": {"cpu-local/llama.cpp/q8_0": verification},
+             "selection": [{"origin": "repair", "layers": 8, "kl": 0.5, "chosen": False},
+                           {"origin": "2 layers emptied", "layers": 6, "kl": 0.4,
+                            "chosen": True}],
              "created": "now", "wall_s": 1.0, "load_average": {"before": [1, 1, 1]}}
     member = {"label": "b0.50", "budget_fraction": 0.5, "params": 2e6, "scores": scores,
               "pareto": True, **verification}
@@ -243,5 +328,9 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
     assert "✓ 0.39 ± 0.01 (pred 0.38)" in text and "| holds |" in text
     assert "| cpu-local/llama.cpp/q8_0 | tpot_ms ≤ 0.4 | 0.39 ± – (0.38) | pass |" in text
     assert "one by one 8 s (4, 4 s)" in text
+    assert ("final pick among 2 candidates (6-8 layers), each after the baseline's short "
+            "distillation: 2 layers emptied, 6 layers, KL 0.4 (repair's own answer: 8 layers, "
+            "KL 0.5)") in text
+    assert "- **cpu-local/hf-eager/bf16: not in the matrix** — this CPU has none of" in text
     assert (tmp_path / "targets_heatmaps.png").stat().st_size > 0
     assert (tmp_path / "targets_pareto.png").stat().st_size > 0

@@ -6,8 +6,13 @@ trajectory and the measured single-change scores. So the family runs **one** DNA
 at the middle budget, scores every option of every block once around its answer
 (``score_radius`` None: repair may have to walk far from the anchor for the
 loosest and tightest budgets), and then, per budget, repairs that anchor to the
-budget exactly and runs the usual measured loop on the target. Each member is a
-``SearchOutcome`` like a search's; only the DNAS and the scores are shared.
+budget exactly, makes the search's final pick (``run.FinalPick``) among that
+budget's candidates and runs the usual measured loop on the target. The final
+pick's short-distillation scores are kept across the budgets (a candidate
+short-listed at two budgets is trained once; the teacher's outputs on the training
+batches are cached on disk by ``distill`` for all of them). Each member is a
+``SearchOutcome`` like a search's; the DNAS, the scores and the final pick's
+scores are shared.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import torch
 
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
-from autocompress.search.discretize import measured_scores, probability_scores, repair
 from autocompress.search.dnas import DNAS
 
 FAMILY_MIN = 2
@@ -33,6 +37,8 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
     """One ``SearchOutcome`` per entry of ``limits_list`` (loosest to tightest or any order)."""
     from autocompress.search.run import (
         SAFETY,
+        FinalPick,
+        Repairs,
         SearchOutcome,
         check_reachable,
         final_check,
@@ -49,42 +55,31 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
     data = ctx.calibration(config.dnas.seq_len)
     dnas = DNAS(ctx.masked, ctx.costs, all_budgets[middle], config.dnas).run(
         lambda step: data.batch_at(step, config.dnas.batch_size, config.dnas.seed))
-    anchor = dnas.argmax_choice(ctx.space)
-    scores = (measured_scores(ctx.masked, anchor, ctx.score_batches(config), radius=None)
-              if config.score == "measured" else None)
-    fallback = probability_scores(ctx.space, dnas.probabilities(ctx.space))
+    memo: dict = {}  # the final pick's short-distillation scores, shared by every budget
+    depth = FinalPick(ctx, config).depth
+    repairs = Repairs(ctx, config, ctx.costs, dnas, depth, None, progress)
     shared_s = time.perf_counter() - t0
-    evaluations = {"dnas_steps": len(dnas.trajectory),
-                   "measured_scores": 0 if scores is None else _count_scores(scores)}
     members = []
     for limits, budgets in zip(limits_list, all_budgets, strict=True):
         t1 = time.perf_counter()
         inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
+        final = FinalPick(ctx, config, progress, memo=memo)
 
-        def pick(bounds, limits=limits, budgets=budgets, inner=inner):
-            found = repair(ctx.space, ctx.costs, bounds, anchor, scores) \
-                if scores is not None else None
-            found = found or repair(ctx.space, ctx.costs, bounds, anchor, fallback)
-            if found is None:
-                raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
-            return found
+        def pick(bounds, final=final, limits=limits, budgets=budgets, inner=inner):
+            return repairs.pick(bounds, final, lambda missed: raise_unreachable(
+                ctx, limits, budgets, as_measured=missed != inner))
 
         found, rounds = measured_loop(ctx, config, pick, lambda f: ctx.space.spec_of(f.choice),
-                                       budgets, inner)
+                                      budgets, inner)
         spec = ctx.space.spec_of(found.choice)
         prediction, checks = final_check(ctx, spec, limits)
         own = time.perf_counter() - t1
-        seconds = {"shared": shared_s, "own": own, "total": shared_s + own,
-                   "cpu_total": time.process_time() - c0, "threads": torch.get_num_threads()}
+        seconds = {"shared": shared_s, "own": own, "selection": final.seconds,
+                   "total": shared_s + own, "cpu_total": time.process_time() - c0,
+                   "threads": torch.get_num_threads()}
         members.append(SearchOutcome(spec=spec, limits=limits, budgets=budgets,
                                      prediction=prediction, checks=checks, dnas=dnas,
                                      discretized=found, seconds=seconds,
-                                     measured_rounds=rounds, evaluations=evaluations))
+                                     measured_rounds=rounds, evaluations=repairs.evaluations,
+                                     selection=final.report()))
     return members
-
-
-def _count_scores(scores) -> int:
-    import numpy as np
-
-    return int(np.isfinite(scores.attention).sum() + np.isfinite(scores.ffn).sum()
-               + np.isfinite(scores.hidden).sum())

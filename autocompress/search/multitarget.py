@@ -4,7 +4,10 @@ Each target brings its own cost model, workload and limits. The search treats th
 limits of every target as constraints of one problem: a budget ``metric@target``
 per limit, so the DNAS keeps one Lagrange multiplier per target and metric (a
 target whose limit binds pushes; one with slack does not), and repair meets every
-budget of every target exactly under that target's cost tables. An architecture is
+budget of every target exactly under that target's cost tables. The final pick is the
+single-target search's (``run.FinalPick``: a short list of repaired candidates, each
+given the baseline's short distillation, lowest KL wins), each candidate repaired under
+every target's tables. An architecture is
 feasible iff it meets every target's limits (``meets_all``). The measured loop
 times the pick on every target this machine can time and re-aims the budgets of
 the targets it missed, each by its own cost model's error.
@@ -26,12 +29,7 @@ from autocompress.arch import ArchSpec
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 from autocompress.search.budgets import budgets_from_limits, resolve_limits
-from autocompress.search.discretize import (
-    measured_scores,
-    probability_scores,
-    repair,
-    smallest_reachable,
-)
+from autocompress.search.discretize import smallest_reachable
 from autocompress.search.dnas import DNAS
 from autocompress.search.measured import TIMING_METRICS, MeasuredRound, corrected_budgets
 
@@ -161,6 +159,8 @@ class JointOutcome:
     measured_rounds: list[dict[str, Any]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     lambdas: dict[str, float] = field(default_factory=dict)
+    selection: list[dict[str, Any]] = field(default_factory=list)  # as the search's report
+    evaluations: dict[str, int] = field(default_factory=dict)
 
     def report(self, ctx) -> dict[str, Any]:
         return {"kind": "joint-search", "teacher": ctx.teacher_dir, "budgets": self.budgets,
@@ -169,13 +169,17 @@ class JointOutcome:
                 "params": self.spec.num_params(),
                 "teacher_params": ctx.space.teacher.num_params(),
                 "final_lambda": self.lambdas, "measured_rounds": self.measured_rounds,
+                "selection": self.selection, "evaluations": self.evaluations,
                 "seconds": self.seconds, "arch": self.spec.to_dict()}
 
 
 def run_joint_search(ctx, targets: list[TargetLimits], config, measure=None,
                      progress: bool = False) -> JointOutcome:
-    """DNAS + repair under every target's limits, then the measured loop over the targets
+    """DNAS + repair under every target's limits and the single-target search's final pick
+    (``run.Repairs``, ``run.FinalPick``), then the measured loop over the targets
     ``measure(target, spec) -> (metrics, noise)`` can time (None: trust the cost models)."""
+    from autocompress.search.run import SAFETY, FinalPick, Repairs
+
     _check_names(targets)
     costs = JointCosts(targets)
     budgets = joint_budgets(targets)
@@ -185,32 +189,31 @@ def run_joint_search(ctx, targets: list[TargetLimits], config, measure=None,
     result = DNAS(ctx.masked, costs, budgets, config.dnas).run(
         lambda step: data.batch_at(step, config.dnas.batch_size, config.dnas.seed))
     t1 = time.perf_counter()
-    anchor = result.argmax_choice(ctx.space)
-    scores = (measured_scores(ctx.masked, anchor, ctx.score_batches(config),
-                              radius=config.score_radius)
-              if config.score == "measured" else None)
-    fallback = probability_scores(ctx.space, result.probabilities(ctx.space))
+    inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
 
-    def pick(bounds: dict[str, float]):
-        found = repair(ctx.space, costs, bounds, anchor, scores) if scores is not None else None
-        found = found or repair(ctx.space, costs, bounds, anchor, fallback)
-        if found is None:
-            raise AutoCompressError(
-                "no architecture in the search space meets every target's limits at once"
-                + (" as measured" if bounds != budgets else ""),
-                hint="loosen the tightest target's limit, or search the targets one by one")
-        return ctx.space.spec_of(found.choice)
+    def unreachable(bounds: dict[str, float]):
+        raise AutoCompressError(
+            "no architecture in the search space meets every target's limits at once"
+            + (" as measured" if bounds != inner else ""),
+            hint="loosen the tightest target's limit, or search the targets one by one")
 
-    inner = {m: b * (1 - 1e-9) for m, b in budgets.items()}
-    spec, rounds = joint_measured_loop(pick, targets, budgets, inner,
-                                       config.measured_rounds if measure else 0, measure)
+    # Every candidate of the final pick is repaired under the joint tables, so it meets
+    # every budget of every target under that target's own cost model.
+    final = FinalPick(ctx, config, progress)
+    repairs = Repairs(ctx, config, costs, result, final.depth, config.score_radius, progress)
+    spec, rounds = joint_measured_loop(
+        lambda bounds: ctx.space.spec_of(repairs.pick(bounds, final, unreachable).choice),
+        targets,
+        budgets, inner, config.measured_rounds if measure else 0, measure)
     per_target = meets_all(spec, targets)
     if not all(t["meets_limits"] for t in per_target.values()):
         raise AutoCompressError(  # repair met every budget under the same tables: a bug
             f"internal error: the joint pick breaks a limit under predict(): {per_target}")
+    total = time.perf_counter() - t0
     return JointOutcome(spec=spec, budgets=budgets, per_target=per_target,
                         measured_rounds=rounds, lambdas=result.lambdas,
-                        seconds={"dnas": t1 - t0, "total": time.perf_counter() - t0})
+                        seconds={"dnas": t1 - t0, "selection": final.seconds, "total": total},
+                        selection=final.report(), evaluations=repairs.evaluations)
 
 
 def joint_measured_loop(pick, targets: list[TargetLimits], budgets: dict[str, float],

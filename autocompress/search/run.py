@@ -357,43 +357,16 @@ def run_search(
     if not result.completed:
         return None
     t1, c1 = time.perf_counter(), time.process_time()
-    anchor = result.argmax_choice(space)
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
-    option_scores = near = None
-    evaluations = {"dnas_steps": len(result.trajectory), "measured_scores": 0}
     final = FinalPick(ctx, config, progress)
-    # The depth variants may spend an emptied layer's budget on any option elsewhere: they
-    # need every option scored; repair's own answer stays within score_radius of the anchor.
-    radius = None if final.depth else config.score_radius
-    if config.score == "measured":
-        jobs = measured_job_list(space, anchor, radius)
-        evaluations["measured_scores"] = len(jobs) + 1  # + the anchor itself
-        bar = Bar("scores", len(jobs), progress)
-        count = [0]
+    repairs = Repairs(ctx, config, costs, result, final.depth, config.score_radius, progress)
 
-        def tick():
-            count[0] += 1
-            bar.update(count[0], "")
+    def unreachable(bounds: dict[str, float]):
+        raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
 
-        option_scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config),
-                                        radius=radius, progress=tick)
-        near = within_radius(space, option_scores, anchor, config.score_radius)
-        bar.close()
-    fallback = probability_scores(space, result.probabilities(space))
-
-    def pick(bounds: dict[str, float]):
-        used = option_scores
-        found = (repair(space, costs, bounds, anchor, near) if near is not None else None)
-        if found is None:  # probability scores cover the whole space
-            used = fallback
-            found = repair(space, costs, bounds, anchor, used)
-        if found is None:
-            raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
-        return final.choose(lambda: repaired_finalists(
-            space, costs, bounds, anchor, used, found, final.depth)).found
-
-    found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
-                                   budgets, inner)
+    found, rounds = measured_loop(ctx, config,
+                                   lambda bounds: repairs.pick(bounds, final, unreachable),
+                                   lambda f: space.spec_of(f.choice), budgets, inner)
     t2, c2 = time.perf_counter(), time.process_time()
     spec = space.spec_of(found.choice)
     prediction, checks = final_check(ctx, spec, limits)
@@ -402,21 +375,75 @@ def run_search(
                "cpu_total": result.cpu_seconds + (c2 - c1), "threads": torch.get_num_threads()}
     return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
                          checks=checks, dnas=result, discretized=found, seconds=seconds,
-                         measured_rounds=rounds, evaluations=evaluations,
+                         measured_rounds=rounds, evaluations=repairs.evaluations,
                          selection=final.report())
+
+
+class Repairs:
+    """One DNAS answer repaired to any budgets, ending with the final pick (``FinalPick``):
+    what the search, the joint search (``search.multitarget``) and the Pareto family
+    (``search.family``) share after their DNAS.
+
+    The measured scores around the answer are taken once: every option when the final pick
+    has depth variants (``depth``: an emptied layer's budget may go to any option
+    elsewhere), else those within ``radius`` size ranks; repair's own answer uses those
+    within ``radius``; the DNAS probabilities are the fallback where those cannot meet the
+    budgets.
+    """
+
+    def __init__(self, ctx: SearchContext, config: SearchConfig, costs, result: DNASResult,
+                 depth: bool, radius: int | None, progress: bool = False):
+        space = ctx.space
+        self.space, self.costs = space, costs
+        self.anchor = result.argmax_choice(space)
+        # Architectures evaluated on data: one per DNAS step, the anchor and its options.
+        self.evaluations = {"dnas_steps": len(result.trajectory), "measured_scores": 0}
+        self.scores = self.near = None
+        if config.score == "measured":
+            measured_radius = None if depth else radius
+            jobs = measured_job_list(space, self.anchor, measured_radius)
+            self.evaluations["measured_scores"] = len(jobs) + 1  # + the anchor itself
+            bar = Bar("scores", len(jobs), progress)
+            count = [0]
+
+            def tick():
+                count[0] += 1
+                bar.update(count[0], "")
+
+            self.scores = measured_scores(ctx.masked, self.anchor, ctx.score_batches(config),
+                                          radius=measured_radius, progress=tick)
+            self.near = within_radius(space, self.scores, self.anchor, radius)
+            bar.close()
+        self.fallback = probability_scores(space, result.probabilities(space))
+
+    def pick(self, bounds: dict[str, float], final: FinalPick, unreachable) -> Discretized:
+        """Repair's answer within ``bounds`` and its variants; ``final`` picks among them.
+        ``unreachable(bounds)`` raises when nothing meets ``bounds``."""
+        space, costs, anchor = self.space, self.costs, self.anchor
+        used = self.scores
+        found = repair(space, costs, bounds, anchor, self.near) if self.near is not None else None
+        if found is None:  # probability scores cover the whole space
+            used = self.fallback
+            found = repair(space, costs, bounds, anchor, used)
+        if found is None:
+            unreachable(bounds)
+        return final.choose(lambda: repaired_finalists(
+            space, costs, bounds, anchor, used, found, final.depth)).found
 
 
 class FinalPick:
     """The final pick of the search and its ablations (``selection.select``): the short list
     of a method's candidates, each given the baseline's short distillation (the same
     settings, ``config.minitron.distill_*``), lowest KL wins. Scores are kept across the
-    measured loop's rounds; the report has the last round's short list."""
+    measured loop's rounds (and across picks that pass the same ``memo``: a Pareto family's
+    budgets); the report has the last round's short list."""
 
-    def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False):
+    def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False,
+                 memo: dict | None = None):
         self.ctx, self.config, self.progress = ctx, config, progress
         # Depth variants only matter when more than one candidate is ranked.
         self.depth = config.selection.depth_variants and config.selection.top_k > 1
-        self.memo: dict = {}
+        self.memo: dict = {} if memo is None else memo
         self.rounds: list[list[dict[str, Any]]] = []
         self.seconds = 0.0
 
