@@ -490,10 +490,12 @@ def why_text(data: dict) -> list[str]:
 
 
 def pareto_lines(data: dict) -> list[str]:
+    picked = all("selection" in m for m in data["members"])  # runs before the final pick: no
+    per_budget = ("a repair, the search's final pick and the measured loop" if picked else
+                  "a repair and the measured loop")
     lines = [f"Target `{data['target']}`, workload `{data['workload']}`, one search for "
              f"budgets {', '.join(f'{b:.0%}' for b in data['budgets'])} (the DNAS at the "
-             "middle budget, every option scored once, per budget a repair, the search's final "
-             "pick and the measured loop).",
+             f"middle budget, every option scored once, per budget {per_budget}).",
              "", "| budget | params | held-out loss ± s.e. | MC ± s.e. | TPOT measured ± noise "
              "(pred) | limit | verify | on the front |", "|---|---|---|---|---|---|---|---|"]
     for m in data["members"]:
@@ -505,12 +507,13 @@ def pareto_lines(data: dict) -> list[str]:
             f"{_fmt(m['measured']['tpot_ms'])} ± {_fmt(m['noise'].get('tpot_ms'), 2)} "
             f"({_fmt(m['predicted']['tpot_ms'])}) | {_fmt(m['limits'].get('max_tpot_ms'))} | "
             f"{'pass' if m['ok'] else 'FAIL'} | {'yes' if m['pareto'] else 'no'} |")
-    lines += ["", *[f"- {m['budget_fraction']:.0%}: {selection_text(m['selection'])}"
-                    for m in data["members"] if "selection" in m]]
+    if picked:
+        lines += ["", *[f"- {m['budget_fraction']:.0%}: {selection_text(m['selection'])}"
+                        for m in data["members"]]]
     family_search = search_seconds(data["family_steps"], ("family", "arch"))
     lines += ["", f"Family: {data['family_wall_s']:.0f} s wall for {len(data['budgets'])} "
               f"budgets, of which the search (one DNAS + scores + {len(data['budgets'])} "
-              f"repairs, final picks and measured loops) {family_search:.0f} s."]
+              f"times {per_budget}) {family_search:.0f} s."]
     times = data.get("search_times")
     if times:
         budgets = ", ".join(f"{b:.0%}" for b in times["budgets"])

@@ -303,16 +303,16 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
                   cells=[{"arch": "cpu-local/llama.cpp/q8_0", "target": "cpu-local/llama.cpp/q8_0",
                           "measured": True, "ok": True, "costs": {"tpot_ms": 0.39},
                           "noise": {"tpot_ms": 0.01}, "predicted": {"tpot_ms": 0.38}}])
+    selection = [{"origin": "repair", "layers": 8, "kl": 0.5, "chosen": False},
+                 {"origin": "2 layers emptied", "layers": 6, "kl": 0.4, "chosen": True}]
     verification = {"measured": {"tpot_ms": 0.39}, "noise": {}, "predicted": {"tpot_ms": 0.38},
                     "limits": {"max_tpot_ms": 0.4, "max_ttft_ms": None}, "ok": True}
     joint = {"targets": ["cpu-local/llama.cpp/q8_0"], "budget_fraction": 0.5, "params": 2e6,
              "scores": scores, "verifications": {"cpu-local/llama.cpp/q8_0": verification},
-             "selection": [{"origin": "repair", "layers": 8, "kl": 0.5, "chosen": False},
-                           {"origin": "2 layers emptied", "layers": 6, "kl": 0.4,
-                            "chosen": True}],
+             "selection": selection,
              "created": "now", "wall_s": 1.0, "load_average": {"before": [1, 1, 1]}}
     member = {"label": "b0.50", "budget_fraction": 0.5, "params": 2e6, "scores": scores,
-              "pareto": True, **verification}
+              "pareto": True, "selection": selection, **verification}
     family = {"target": "cpu-local/llama.cpp/q8_0", "workload": "interactive-cpu",
               "budgets": [0.5, 0.3], "members": [member, {**member, "budget_fraction": 0.3}],
               "family_wall_s": 10.0, "family_steps": [], "created": "now",
@@ -332,5 +332,7 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
             "distillation: 2 layers emptied, 6 layers, KL 0.4 (repair's own answer: 8 layers, "
             "KL 0.5)") in text
     assert "- **cpu-local/hf-eager/bf16: not in the matrix** — this CPU has none of" in text
+    assert "per budget a repair, the search's final pick and the measured loop" in text
+    assert "- 30%: final pick among 2 candidates (6-8 layers)" in text
     assert (tmp_path / "targets_heatmaps.png").stat().st_size > 0
     assert (tmp_path / "targets_pareto.png").stat().st_size > 0
