@@ -34,6 +34,7 @@ from autocompress.errors import AutoCompressError
 
 PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
 METHODS = ("autocompress", "minitron", "greedy", "random")  # flows.compress.METHODS
+ABLATIONS = ("greedy", "random")  # what --ablation-seeds applies to
 TOKENS_PER_STEP = 16 * 256  # the distillation batch below
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -72,14 +73,22 @@ def stage_options(args: argparse.Namespace, seed: int, fraction: float) -> dict[
     return _merged(options, json.loads(args.options or "{}"))
 
 
+def method_seeds(args: argparse.Namespace, method: str) -> list[int]:
+    """The seeds ``method`` runs: ``--ablation-seeds`` for the ablations when given."""
+    if method in ABLATIONS and args.ablation_seeds is not None:
+        return args.ablation_seeds
+    return args.seeds
+
+
 def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One compress run per preset × budget × seed × method (seed 0 of every cell first,
     so an interrupted comparison has whole cells to show)."""
+    seeds = sorted({s for m in args.methods for s in method_seeds(args, m)})
     return [{"label": f"{preset}-{fraction:g}-{method}-s{seed}", "workload": preset,
              "budget_fraction": fraction, "method": method,
              "options": stage_options(args, seed, fraction)}
-            for seed in args.seeds for preset in args.presets for fraction in args.budgets
-            for method in args.methods]
+            for seed in seeds for preset in args.presets for fraction in args.budgets
+            for method in args.methods if seed in method_seeds(args, method)]
 
 
 def _merged(base: dict, extra: dict) -> dict:
@@ -285,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="The method the others are compared with, item by item.")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
                    help="Seeds of the search and the distillation; every cell runs each.")
+    p.add_argument("--ablation-seeds", nargs="+", type=int, default=None,
+                   help="Seeds of the ablations (greedy, random) when fewer are affordable "
+                   "than for the search and the baseline (default: --seeds).")
     p.add_argument("--distill-tokens", type=int, default=100_000)
     p.add_argument("--tight-distill-tokens", type=int, default=None,
                    help="Distillation tokens at the tightest budget (e.g. 1000000); "

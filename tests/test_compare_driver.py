@@ -43,6 +43,14 @@ def test_sweep_covers_methods_seeds_presets_and_budgets(compare):
     args.options = json.dumps({"distill": {"lr": 5e-4}})
     merged = compare.stage_options(args, seed=1, fraction=0.6)
     assert merged["distill"]["lr"] == 5e-4 and merged["distill"]["seed"] == 1
+    # Fewer seeds for the ablations: greedy and random run seed 0 only, the others all three.
+    args.ablation_seeds = [0]
+    runs = compare.sweep_runs(args)
+    seeds_of = {m: sorted({r["options"]["distill"]["seed"] for r in runs if r["method"] == m})
+                for m in compare.METHODS}
+    assert seeds_of == {"autocompress": [0, 1, 2], "minitron": [0, 1, 2],
+                        "greedy": [0], "random": [0]}
+    assert len(runs) == 2 * 2 * (3 + 3 + 1 + 1)
 
 
 def _publish_json(store, tmp_path, name, data, kind):
