@@ -303,6 +303,7 @@ def default_work_dir(out_dir: Path) -> Path:
     return out_dir.with_name(out_dir.name + ".work")
 
 
+@torch.enable_grad()  # callers may score under no_grad (the random ablation's final pick)
 def distill(
     teacher: torch.nn.Module,
     student: torch.nn.Module,

@@ -256,6 +256,15 @@ def test_random_search_scores_as_many_candidates_as_the_search(ctx):
     assert report["scored_candidates"] == count
     assert report["kl"] == report["kl_of_candidates"]["min"]  # the best one, as predicted
 
+    # Its final pick trains each short-listed candidate (the scoring above runs under
+    # no_grad; the short distillation must not).
+    trained = config.model_copy(update={
+        "minitron": CONFIG.minitron.model_copy(update={
+            "distill_tokens": 2 * 2 * 32, "distill_seq_len": 32, "distill_batch_size": 2}),
+        "selection": config.selection.model_copy(update={"top_k": 2})})
+    picked = run_method(ctx, "random", limits, trained).report(ctx)["selection"]
+    assert len(picked) == 2 and all(c["kl"] < c["pruned_kl"] for c in picked)
+
     budgets = {"tpot_ms": limits.max_tpot_ms}
     tables = CostTables(ctx.costs, ["tpot_ms"])
     pool, drawn = sample_choices(ctx.space, tables, budgets, count, 0, config.random)
