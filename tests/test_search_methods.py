@@ -228,6 +228,49 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     assert best.estimate > min(f.estimate for f in listed)
 
 
+def test_final_pick_times_its_short_list_and_takes_the_best_that_meets_the_limit(ctx):
+    """On a target this machine times, the lowest-KL candidate that meets the budgets *as
+    measured* wins: one miss does not re-aim the whole short list (the baseline, too, times
+    every candidate). The measurement stands in for a target where deep models run slower
+    than the cost model predicts; each architecture is timed once."""
+    from autocompress.search.discretize import measured_scores, repair
+    from autocompress.search.measured import SpecTimer
+    from autocompress.search.run import FinalPick
+    from autocompress.search.selection import layers_kept, repaired_finalists
+
+    budget = 0.6 * ctx.teacher_costs()["tpot_ms"]
+    budgets = {"tpot_ms": budget}
+    anchor = ctx.space.full_choice()
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(CONFIG), radius=None)
+    found = repair(ctx.space, ctx.costs, budgets, anchor, scores)
+    every = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, True)
+    depths = sorted({f.layers for f in every})
+    assert len(depths) >= 3
+    slow_above = depths[len(depths) // 2]  # deeper than this misses the budget as measured
+    calls = []
+
+    def measure(spec):
+        calls.append(spec)
+        kept = sum(not layer.is_empty for layer in spec.layers)
+        return {"tpot_ms": budget * (1.2 if kept > slow_above else 0.8)}, {"tpot_ms": 0.0}
+
+    final = FinalPick(ctx, CONFIG.model_copy(update={"selection": CONFIG.selection.model_copy(
+        update={"top_k": 6})}), budgets=budgets)
+    final.timer = SpecTimer(measure)
+    final._score = lambda choices: [  # deeper is better after the short distillation
+        {"pruned_kl": 1.0, "kl": -float(layers_kept(ctx.space, c))} for c in choices]
+    best = final.choose(lambda: every)
+    short = final.report()
+    by_kl = sorted(short, key=lambda f: (f["kl"], f["estimate"]))
+    timed = [f for f in by_kl if "met" in f]
+    assert timed and timed[-1]["met"] and not any(f["met"] for f in timed[:-1])
+    assert timed[-1]["chosen"] and best.layers == timed[-1]["layers"] <= slow_above
+    assert by_kl[0]["layers"] > slow_above and not by_kl[0]["chosen"]  # best KL, too slow
+    assert len(calls) == len(timed)  # timed in KL order, up to the first that meets
+    final.timer(ctx.space.spec_of(best.choice))  # the closed loop re-uses that timing
+    assert len(calls) == len(timed)
+
+
 # ------------------------------------------------------------------ ablations
 
 

@@ -175,7 +175,7 @@ def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     space, anchor = ctx.space, ctx.space.full_choice()
     scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config), radius=None)
     inner = dict(budgets)
-    final = FinalPick(ctx, config)
+    final = FinalPick(ctx, config, budgets=budgets)
 
     def pick(bounds):
         found = repair(space, ctx.costs, bounds, anchor, scores)
@@ -185,7 +185,7 @@ def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
             space, ctx.costs, bounds, anchor, scores, found, final.depth)).found
 
     found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
-                                  budgets, inner)
+                                  budgets, inner, final.timer)
     return _outcome(ctx, "greedy", limits, budgets, space.spec_of(found.choice), rounds,
                     started, len(measured_job_list(space, anchor, None)) + 1,
                     {"choice": found.choice.to_dict(), "repair_changes": found.changes,
@@ -206,7 +206,7 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     batches = ctx.score_batches(config)
     reference = teacher_logits(ctx.model, batches)
     kl = {choice: choice_kl(ctx.masked, choice, batches, reference) for choice in pool}
-    final = FinalPick(ctx, config)
+    final = FinalPick(ctx, config, budgets=budgets)
 
     def pick(bounds):
         within = sorted((c for c in pool if feasible(tables.evaluate(c), bounds)),
@@ -216,7 +216,8 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
         return final.choose(lambda: [Finalist(c, kl[c], "random", layers_kept(space, c))
                                      for c in within]).choice
 
-    choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, dict(budgets))
+    choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, dict(budgets),
+                                   final.timer)
     ranked = sorted(kl.values())
     return _outcome(ctx, "random", limits, budgets, space.spec_of(choice), rounds, started,
                     len(pool), {"choice": choice.to_dict(), "kl": kl[choice], "sampling": drawn,

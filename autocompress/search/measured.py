@@ -78,6 +78,29 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
     return measurement.metrics(statistic), measurement_noise(measurement)
 
 
+def missed_budgets(budgets: dict[str, float], measured: dict[str, float],
+                   noise: dict[str, float] | None = None) -> list[str]:
+    """The timing budgets ``measured`` misses, its noise included (the strict side)."""
+    noise = noise or {}
+    return [m for m in budgets
+            if m in TIMING_METRICS and measured[m] + noise.get(m, 0.0) > budgets[m]]
+
+
+class SpecTimer:
+    """``measure(spec)`` once per architecture: the final pick times its short list and the
+    closed loop then re-uses the winner's timing instead of taking it again."""
+
+    def __init__(self, measure: Callable[[ArchSpec], tuple[dict[str, float], dict[str, float]]]):
+        self._measure = measure
+        self._memo: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+
+    def __call__(self, spec: ArchSpec) -> tuple[dict[str, float], dict[str, float]]:
+        key = spec.to_json(indent=None)
+        if key not in self._memo:
+            self._memo[key] = self._measure(spec)
+        return self._memo[key]
+
+
 def corrected_budgets(inner: dict[str, float], budgets: dict[str, float],
                       predicted: dict[str, float], measured: dict[str, float],
                       noise: dict[str, float] | None = None) -> dict[str, float] | None:
@@ -88,11 +111,10 @@ def corrected_budgets(inner: dict[str, float], budgets: dict[str, float],
     ``B · p / m · (1 − MARGIN)``: the budget the cost model must aim at for the
     measurement to land under ``B`` if its error on similar architectures is the same.
     """
-    noise = noise or {}
-    missed = [m for m in budgets
-              if m in TIMING_METRICS and measured[m] + noise.get(m, 0.0) > budgets[m]]
+    missed = missed_budgets(budgets, measured, noise)
     if not missed:
         return None
+    noise = noise or {}
     tightened = dict(inner)
     for metric in missed:
         # Aim so that the measurement, noise included, lands under the budget.

@@ -48,7 +48,14 @@ from autocompress.search.discretize import (
 )
 from autocompress.search.dnas import CHECKPOINT_NAME, DNAS, DNASConfig, DNASResult
 from autocompress.search.masked import MaskedTeacher
-from autocompress.search.measured import TIMING_METRICS, MeasuredRound, closed_loop, measure_spec
+from autocompress.search.measured import (
+    TIMING_METRICS,
+    MeasuredRound,
+    SpecTimer,
+    closed_loop,
+    measure_spec,
+    missed_budgets,
+)
 from autocompress.search.minitron import (
     BaselineResult,
     MinitronConfig,
@@ -60,6 +67,7 @@ from autocompress.search.selection import (
     SelectionConfig,
     repaired_finalists,
     select,
+    shared_shortlist,
 )
 from autocompress.search.space import SearchSpace, SpaceConfig
 from autocompress.search.trajectory import plot_trajectory, save_trajectory
@@ -358,15 +366,15 @@ def run_search(
         return None
     t1, c1 = time.perf_counter(), time.process_time()
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
-    final = FinalPick(ctx, config, progress)
+    final = FinalPick(ctx, config, progress, budgets=budgets)
     repairs = Repairs(ctx, config, costs, result, final.depth, config.score_radius, progress)
 
     def unreachable(bounds: dict[str, float]):
         raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
 
     found, rounds = measured_loop(ctx, config,
-                                   lambda bounds: repairs.pick(bounds, final, unreachable),
-                                   lambda f: space.spec_of(f.choice), budgets, inner)
+                                  lambda bounds: repairs.pick(bounds, final, unreachable),
+                                  lambda f: space.spec_of(f.choice), budgets, inner, final.timer)
     t2, c2 = time.perf_counter(), time.process_time()
     spec = space.spec_of(found.choice)
     prediction, checks = final_check(ctx, spec, limits)
@@ -388,7 +396,10 @@ class Repairs:
     has depth variants (``depth``: an emptied layer's budget may go to any option
     elsewhere), else those within ``radius`` size ranks; repair's own answer uses those
     within ``radius``; the DNAS probabilities are the fallback where those cannot meet the
-    budgets.
+    budgets. With depth variants and ``selection.teacher_anchor``, every option is also
+    scored at the teacher, and half the short list is repair from there (the greedy
+    ablation's candidates): it finds other whole-block trade-offs than repair from DNAS's
+    answer, and the short distillation decides between the two sides.
     """
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, costs, result: DNASResult,
@@ -415,6 +426,12 @@ class Repairs:
             self.near = within_radius(space, self.scores, self.anchor, radius)
             bar.close()
         self.fallback = probability_scores(space, result.probabilities(space))
+        self.top_k, self.teacher_scores = config.selection.top_k, None
+        if depth and config.selection.teacher_anchor and config.score == "measured":
+            full = space.full_choice()
+            self.teacher_scores = measured_scores(ctx.masked, full, ctx.score_batches(config),
+                                                  radius=None)
+            self.evaluations["teacher_scores"] = len(measured_job_list(space, full, None)) + 1
 
     def pick(self, bounds: dict[str, float], final: FinalPick, unreachable) -> Discretized:
         """Repair's answer within ``bounds`` and its variants; ``final`` picks among them.
@@ -427,8 +444,21 @@ class Repairs:
             found = repair(space, costs, bounds, anchor, used)
         if found is None:
             unreachable(bounds)
-        return final.choose(lambda: repaired_finalists(
-            space, costs, bounds, anchor, used, found, final.depth)).found
+        return final.choose(lambda: self._finalists(bounds, used, found, final.depth)).found
+
+    def _finalists(self, bounds, used, found, depth: bool) -> list[Finalist]:
+        own = repaired_finalists(self.space, self.costs, bounds, self.anchor, used, found, depth)
+        if self.teacher_scores is None:
+            return own
+        full = self.space.full_choice()
+        start = repair(self.space, self.costs, bounds, full, self.teacher_scores)
+        if start is None:
+            return own
+        other = repaired_finalists(self.space, self.costs, bounds, full, self.teacher_scores,
+                                   start, True)
+        for f in other:
+            f.origin = f"teacher: {f.origin}"
+        return shared_shortlist(own, other, self.top_k)
 
 
 class FinalPick:
@@ -436,14 +466,22 @@ class FinalPick:
     of a method's candidates, each given the baseline's short distillation (the same
     settings, ``config.minitron.distill_*``), lowest KL wins. Scores are kept across the
     measured loop's rounds (and across picks that pass the same ``memo``: a Pareto family's
-    budgets); the report has the last round's short list."""
+    budgets); the report has the last round's short list.
+
+    Given ``budgets`` on a target this machine times, the short list is also timed, best KL
+    first, and the first candidate that meets the budgets as measured wins — the care the
+    Minitron baseline gets (it times every candidate that could meet the limit). Without
+    it, one miss by the best-KL candidate re-aimed the whole short list lower, although
+    others in it met the limit as measured."""
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False,
-                 memo: dict | None = None):
+                 memo: dict | None = None, budgets: dict[str, float] | None = None):
         self.ctx, self.config, self.progress = ctx, config, progress
         # Depth variants only matter when more than one candidate is ranked.
         self.depth = config.selection.depth_variants and config.selection.top_k > 1
         self.memo: dict = {} if memo is None else memo
+        self.budgets = budgets
+        self.timer = spec_timer(ctx, config)
         self.rounds: list[list[dict[str, Any]]] = []
         self.seconds = 0.0
 
@@ -452,9 +490,26 @@ class FinalPick:
         started = time.perf_counter()
         k = self.config.selection.top_k
         best, short = select(finalists(), k, self._score, self.memo)
-        self.rounds.append([{**f.describe(self.ctx.space), "chosen": f is best} for f in short])
+        timed = self._timed(short) if k > 1 else {}
+        best = next((f for f in sorted(short, key=lambda f: (f.kl, f.estimate))
+                     if timed.get(f.choice, {}).get("met")), best)
+        self.rounds.append([{**f.describe(self.ctx.space), **timed.get(f.choice, {}),
+                             "chosen": f is best} for f in short])
         self.seconds += time.perf_counter() - started
         return best
+
+    def _timed(self, short: list[Finalist]) -> dict:
+        """Time the short list, best KL first, up to the first that meets the budgets."""
+        if self.timer is None or self.budgets is None:
+            return {}
+        out = {}
+        for f in sorted(short, key=lambda f: (f.kl, f.estimate)):
+            measured, noise = self.timer(self.ctx.space.spec_of(f.choice))
+            met = not missed_budgets(self.budgets, measured, noise)
+            out[f.choice] = {"measured": {m: measured[m] for m in self.budgets}, "met": met}
+            if met:
+                break
+        return out
 
     def _score(self, choices) -> list[dict[str, float]]:
         space = self.ctx.space
@@ -570,16 +625,23 @@ def short_distill(ctx: SearchContext, config: SearchConfig, progress: bool):
 # ------------------------------------------------------------------ checks
 
 
+def spec_timer(ctx: SearchContext, config: SearchConfig) -> SpecTimer | None:
+    """Times architectures on the target (once each), where this machine can time it."""
+    if config.measured_rounds == 0 or not ctx.cost_model.target.measurable:
+        return None
+    return SpecTimer(lambda spec: measure_spec(spec, ctx.model.config, ctx.cost_model,
+                                               ctx.workload, config.measured_repeats))
+
+
 def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
-                   budgets: dict[str, float], inner: dict[str, float]):
+                  budgets: dict[str, float], inner: dict[str, float],
+                  timer: SpecTimer | None = None):
     """``measured.closed_loop`` where the target can be timed here; else one pick."""
-    target = ctx.cost_model.target
-    if config.measured_rounds == 0 or not target.measurable:
+    timer = timer or spec_timer(ctx, config)
+    if timer is None:
         return pick(inner), []
-    return closed_loop(
-        pick, spec_of, ctx.cost_model, ctx.workload, budgets, inner, config.measured_rounds,
-        lambda spec: measure_spec(spec, ctx.model.config, ctx.cost_model, ctx.workload,
-                                  config.measured_repeats))
+    return closed_loop(pick, spec_of, ctx.cost_model, ctx.workload, budgets, inner,
+                       config.measured_rounds, timer)
 
 
 def _need_costs(ctx: SearchContext) -> None:
