@@ -17,7 +17,7 @@ from autocompress.limits import Limits
 from autocompress.modeling.tiny import tiny_model
 from autocompress.prune import prune
 from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
-from autocompress.search.ablations import RandomConfig, sample_choices, search_evaluations
+from autocompress.search.ablations import RandomConfig, sample_choices, searched_count
 from autocompress.search.discretize import CostTables, feasible, measured_job_list
 from autocompress.search.measured import TIMING_METRICS
 from autocompress.search.minitron import (
@@ -179,6 +179,9 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     short = outcome.report(ctx)["selection"]
     assert 3 <= len(short) <= CONFIG.selection.top_k
     assert short[0]["origin"] == "repair"  # repair's own answer is always in
+    # Half the list comes from repair at the teacher (the greedy ablation's candidates).
+    teacher_side = [f for f in short if f["origin"].startswith("teacher: ")]
+    assert 0 < len(teacher_side) <= len(short) // 2 + 1
     choices = [Choice(f["choice"]["hidden"], tuple(f["choice"]["attention"]),
                       tuple(f["choice"]["ffn"])) for f in short]
     assert len(set(choices)) == len(short)
@@ -193,7 +196,7 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     # Depth variants: the forced layers stay empty through repair, within the budget,
     # down to the protected first and last layers.
     # They score every option at the anchor; repair's own answer keeps the radius view.
-    anchor, batches = outcome.discretized.anchor, ctx.score_batches(CONFIG)
+    anchor, batches = outcome.dnas.argmax_choice(ctx.space), ctx.score_batches(CONFIG)
     scores = measured_scores(ctx.masked, anchor, batches, radius=None)
     near = within_radius(ctx.space, scores, anchor, CONFIG.score_radius)
     radius_only = measured_scores(ctx.masked, anchor, batches, radius=CONFIG.score_radius)
@@ -290,8 +293,11 @@ def test_random_search_scores_as_many_candidates_as_the_search(ctx):
     limits = Limits(max_tpot_ms=0.5 * ctx.teacher_costs()["tpot_ms"])
     searched = run_method(ctx, "autocompress", limits, CONFIG).report(ctx)
     count = searched["scored_candidates"]
-    assert count == CONFIG.dnas.steps + searched["evaluations"]["measured_scores"]
-    assert search_evaluations(ctx.space, CONFIG.dnas.steps, CONFIG.score_radius) >= count
+    evaluations = searched["evaluations"]
+    assert evaluations["teacher_scores"] > 0  # the final pick's teacher side
+    assert count == (CONFIG.dnas.steps + evaluations["measured_scores"]
+                     + evaluations["teacher_scores"])
+    assert searched_count(ctx.space, CONFIG) >= count  # random's default draws as many
 
     config = CONFIG.model_copy(update={"random": RandomConfig(candidates=count)})
     report = run_method(ctx, "random", limits, config).report(ctx)

@@ -80,6 +80,17 @@ def search_evaluations(space: SearchSpace, dnas_steps: int, radius: int | None) 
     return evaluations
 
 
+def searched_count(space: SearchSpace, config: SearchConfig) -> int:
+    """What the search scores under ``config``: its final pick's depth variants score every
+    option at DNAS's answer, and its teacher side every option at the teacher."""
+    selection = config.selection
+    depth = selection.depth_variants and selection.top_k > 1
+    count = search_evaluations(space, config.dnas.steps, None if depth else config.score_radius)
+    if depth and selection.teacher_anchor:
+        count += len(measured_job_list(space, space.full_choice(), None)) + 1
+    return count
+
+
 # ------------------------------------------------------------------ random search
 
 
@@ -200,8 +211,7 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     space = ctx.space
     tables = CostTables(ctx.costs, list(budgets))
     tables.check_memory(space.full_choice())  # exact memory if the fast mirror drifts
-    count = config.random.candidates or search_evaluations(space, config.dnas.steps,
-                                                           config.score_radius)
+    count = config.random.candidates or searched_count(space, config)
     pool, drawn = sample_choices(space, tables, budgets, count, config.dnas.seed, config.random)
     batches = ctx.score_batches(config)
     reference = teacher_logits(ctx.model, batches)

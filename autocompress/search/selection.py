@@ -49,6 +49,11 @@ class SelectionConfig(BaseModel):
         default=True,
         description="Add the search's answer repaired with 1, 2, ... more layers emptied "
         "(least costly by the measured scores), so every depth competes.")
+    teacher_anchor: bool = Field(
+        default=True,
+        description="The search also short-lists repair from the teacher itself (every "
+        "option scored there, as the greedy ablation does): half the short list each, "
+        "DNAS's answer's side first. Needs top_k > 1 and depth_variants.")
 
 
 @torch.no_grad()
@@ -216,6 +221,18 @@ def shortlist(finalists: list[Finalist], k: int) -> list[Finalist]:
         firsts.setdefault(f.layers, f)
     heads = list(firsts.values())[:k]
     return heads + [f for f in ranked if f not in heads][: k - len(heads)]
+
+
+def shared_shortlist(own: list[Finalist], other: list[Finalist], k: int) -> list[Finalist]:
+    """``k`` distinct candidates from two anchors' finalists, whose estimates are not on one
+    scale (each is relative to its own anchor): half from each side's short list, ``own``
+    first; a side with too few leaves its places to the other."""
+    first = shortlist(own, k - k // 2)
+    taken = {f.choice for f in first}
+    second = [f for f in shortlist(other, k) if f.choice not in taken][: k - len(first)]
+    taken |= {f.choice for f in second}
+    rest = [f for f in shortlist(own, k) if f.choice not in taken]
+    return first + second + rest[: k - len(first) - len(second)]
 
 
 def select(finalists: list[Finalist], k: int,
