@@ -63,14 +63,14 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
     for limits, budgets in zip(limits_list, all_budgets, strict=True):
         t1 = time.perf_counter()
         inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
-        final = FinalPick(ctx, config, progress, memo=memo)
+        final = FinalPick(ctx, config, progress, memo=memo, budgets=budgets)
 
         def pick(bounds, final=final, limits=limits, budgets=budgets, inner=inner):
             return repairs.pick(bounds, final, lambda missed: raise_unreachable(
                 ctx, limits, budgets, as_measured=missed != inner))
 
         found, rounds = measured_loop(ctx, config, pick, lambda f: ctx.space.spec_of(f.choice),
-                                      budgets, inner)
+                                      budgets, inner, final.timer)
         spec = ctx.space.spec_of(found.choice)
         prediction, checks = final_check(ctx, spec, limits)
         own = time.perf_counter() - t1
