@@ -83,10 +83,9 @@ def search_evaluations(space: SearchSpace, dnas_steps: int, radius: int | None) 
 def searched_count(space: SearchSpace, config: SearchConfig) -> int:
     """What the search scores under ``config``: its final pick's depth variants score every
     option at DNAS's answer, and its teacher side every option at the teacher."""
-    selection = config.selection
-    depth = selection.depth_variants and selection.top_k > 1
+    depth = config.selection.varies_depth
     count = search_evaluations(space, config.dnas.steps, None if depth else config.score_radius)
-    if depth and selection.teacher_anchor:
+    if config.selection.has_teacher_side:
         count += len(measured_job_list(space, space.full_choice(), None)) + 1
     return count
 

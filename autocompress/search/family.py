@@ -56,8 +56,7 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
     dnas = DNAS(ctx.masked, ctx.costs, all_budgets[middle], config.dnas).run(
         lambda step: data.batch_at(step, config.dnas.batch_size, config.dnas.seed))
     memo: dict = {}  # the final pick's short-distillation scores, shared by every budget
-    depth = FinalPick(ctx, config).depth
-    repairs = Repairs(ctx, config, ctx.costs, dnas, depth, None, progress)
+    repairs = Repairs(ctx, config, ctx.costs, dnas, None, progress)
     shared_s = time.perf_counter() - t0
     members = []
     for limits, budgets in zip(limits_list, all_budgets, strict=True):

@@ -200,7 +200,7 @@ def run_joint_search(ctx, targets: list[TargetLimits], config, measure=None,
     # Every candidate of the final pick is repaired under the joint tables, so it meets
     # every budget of every target under that target's own cost model.
     final = FinalPick(ctx, config, progress)
-    repairs = Repairs(ctx, config, costs, result, final.depth, config.score_radius, progress)
+    repairs = Repairs(ctx, config, costs, result, config.score_radius, progress)
     spec, rounds = joint_measured_loop(
         lambda bounds: ctx.space.spec_of(repairs.pick(bounds, final, unreachable).choice),
         targets,

@@ -367,7 +367,7 @@ def run_search(
     t1, c1 = time.perf_counter(), time.process_time()
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
     final = FinalPick(ctx, config, progress, budgets=budgets)
-    repairs = Repairs(ctx, config, costs, result, final.depth, config.score_radius, progress)
+    repairs = Repairs(ctx, config, costs, result, config.score_radius, progress)
 
     def unreachable(bounds: dict[str, float]):
         raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
@@ -393,9 +393,9 @@ class Repairs:
     (``search.family``) share after their DNAS.
 
     The measured scores around the answer are taken once: every option when the final pick
-    has depth variants (``depth``: an emptied layer's budget may go to any option
-    elsewhere), else those within ``radius`` size ranks; repair's own answer uses those
-    within ``radius``; the DNAS probabilities are the fallback where those cannot meet the
+    has depth variants (an emptied layer's budget may go to any option elsewhere), else
+    those within ``radius`` size ranks; repair's own answer uses those within ``radius``;
+    the DNAS probabilities are the fallback where those cannot meet the
     budgets. With depth variants and ``selection.teacher_anchor``, every option is also
     scored at the teacher, and half the short list is repair from there (the greedy
     ablation's candidates): it finds other whole-block trade-offs than repair from DNAS's
@@ -403,15 +403,16 @@ class Repairs:
     """
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, costs, result: DNASResult,
-                 depth: bool, radius: int | None, progress: bool = False):
+                 radius: int | None, progress: bool = False):
         space = ctx.space
         self.space, self.costs = space, costs
+        self.depth = config.selection.varies_depth
         self.anchor = result.argmax_choice(space)
         # Architectures evaluated on data: one per DNAS step, the anchor and its options.
         self.evaluations = {"dnas_steps": len(result.trajectory), "measured_scores": 0}
         self.scores = self.near = None
         if config.score == "measured":
-            measured_radius = None if depth else radius
+            measured_radius = None if self.depth else radius
             jobs = measured_job_list(space, self.anchor, measured_radius)
             self.evaluations["measured_scores"] = len(jobs) + 1  # + the anchor itself
             bar = Bar("scores", len(jobs), progress)
@@ -427,7 +428,7 @@ class Repairs:
             bar.close()
         self.fallback = probability_scores(space, result.probabilities(space))
         self.top_k, self.teacher_scores = config.selection.top_k, None
-        if depth and config.selection.teacher_anchor and config.score == "measured":
+        if config.selection.has_teacher_side and config.score == "measured":
             full = space.full_choice()
             self.teacher_scores = measured_scores(ctx.masked, full, ctx.score_batches(config),
                                                   radius=None)
@@ -444,10 +445,11 @@ class Repairs:
             found = repair(space, costs, bounds, anchor, used)
         if found is None:
             unreachable(bounds)
-        return final.choose(lambda: self._finalists(bounds, used, found, final.depth)).found
+        return final.choose(lambda: self._finalists(bounds, used, found)).found
 
-    def _finalists(self, bounds, used, found, depth: bool) -> list[Finalist]:
-        own = repaired_finalists(self.space, self.costs, bounds, self.anchor, used, found, depth)
+    def _finalists(self, bounds, used, found) -> list[Finalist]:
+        own = repaired_finalists(self.space, self.costs, bounds, self.anchor, used, found,
+                                 self.depth)
         if self.teacher_scores is None:
             return own
         full = self.space.full_choice()
@@ -455,7 +457,7 @@ class Repairs:
         if start is None:
             return own
         other = repaired_finalists(self.space, self.costs, bounds, full, self.teacher_scores,
-                                   start, True)
+                                   start, self.depth)
         for f in other:
             f.origin = f"teacher: {f.origin}"
         return shared_shortlist(own, other, self.top_k)
@@ -477,8 +479,7 @@ class FinalPick:
     def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False,
                  memo: dict | None = None, budgets: dict[str, float] | None = None):
         self.ctx, self.config, self.progress = ctx, config, progress
-        # Depth variants only matter when more than one candidate is ranked.
-        self.depth = config.selection.depth_variants and config.selection.top_k > 1
+        self.depth = config.selection.varies_depth
         self.memo: dict = {} if memo is None else memo
         self.budgets = budgets
         self.timer = spec_timer(ctx, config)
@@ -491,15 +492,15 @@ class FinalPick:
         k = self.config.selection.top_k
         best, short = select(finalists(), k, self._score, self.memo)
         timed = self._timed(short) if k > 1 else {}
-        best = next((f for f in sorted(short, key=lambda f: (f.kl, f.estimate))
-                     if timed.get(f.choice, {}).get("met")), best)
+        best = next((f for f in short if timed.get(f.choice, {}).get("met")), best)
         self.rounds.append([{**f.describe(self.ctx.space), **timed.get(f.choice, {}),
                              "chosen": f is best} for f in short])
         self.seconds += time.perf_counter() - started
         return best
 
     def _timed(self, short: list[Finalist]) -> dict:
-        """Time the short list, best KL first, up to the first that meets the budgets."""
+        """Time the short list, best KL first, up to the first that meets the budgets (so at
+        most one timed candidate has met them)."""
         if self.timer is None or self.budgets is None:
             return {}
         out = {}

@@ -55,6 +55,15 @@ class SelectionConfig(BaseModel):
         "option scored there, as the greedy ablation does): half the short list each, "
         "DNAS's answer's side first. Needs top_k > 1 and depth_variants.")
 
+    @property
+    def varies_depth(self) -> bool:
+        """Depth variants are on and matter: more than one candidate is ranked."""
+        return self.depth_variants and self.top_k > 1
+
+    @property
+    def has_teacher_side(self) -> bool:
+        return self.varies_depth and self.teacher_anchor
+
 
 @torch.no_grad()
 def kl_to_teacher(student, batches: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
