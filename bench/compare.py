@@ -222,6 +222,7 @@ def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict
     scores) and ``methods.<name>.failed`` (seed -> why that run found no model).
     """
     from autocompress.costmodel.workload import get_workload
+    from autocompress.hardware import machine_summary
     from autocompress.limits import Limits
 
     runs: dict[tuple[str, float], dict] = {}
@@ -252,6 +253,7 @@ def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict
         "baseline": args.baseline, "reduced": args.reduced,
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "no_track")},
         "teacher": teacher, "runs": list(runs.values()), "not_run": [], "wall_s": wall_s,
+        "machine": machine_summary(),  # CPU, torch's kernels, threads, load: machines differ
     }
 
 

@@ -132,6 +132,7 @@ def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_
     json.dumps(data)  # JSON-ready
     run = data["runs"][0]
     assert data["version"] == 3 and data["reduced"] and data["teacher"]["params"] > 0
+    assert data["machine"]["cpu"] and data["machine"]["torch_threads"] >= 1  # machines differ
     assert [e["seed"] for e in run["methods"]["autocompress"]["seeds"]] == [0, 1]
     assert run["methods"]["greedy"] == {"seeds": [], "failed": {"0": failed.error}}
     entry = run["methods"]["minitron"]["seeds"][1]
