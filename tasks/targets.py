@@ -73,7 +73,7 @@ def joint_search(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
 
     def measure(target, spec):
         return measure_spec(spec, search_ctx.model.config, target.cost_model, target.workload,
-                            config.measured_repeats)
+                            config.measured_repeats, config.timing_drift)
 
     outcome = run_joint_search(search_ctx, joint, config,
                                measure if config.measured_rounds else None)

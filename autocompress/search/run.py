@@ -132,6 +132,12 @@ class SearchConfig(BaseModel):
         "and, where it misses a timing budget, tighten that budget by the cost model's error "
         "on it and pick again, at most this many measurements (0 = trust the cost model).")
     measured_repeats: int = Field(default=9, ge=2, description="Timed runs per measurement.")
+    timing_drift: float = Field(
+        default=0.03, ge=0.0, lt=0.5,
+        description="How far, as a fraction, a timing may move between the search's session "
+        "and verify's (pairing removes the load, not this drift): a pick, the baseline's "
+        "alike, meets a timing budget only if measurement + noise + drift × measurement is "
+        "within it.")
 
 
 # ------------------------------------------------------------------ context
@@ -550,7 +556,7 @@ def run_minitron(
         if config.measured_rounds and ctx.cost_model.target.measurable:
             def measure(spec):
                 return measure_spec(spec, ctx.model.config, ctx.cost_model, ctx.workload,
-                                    config.measured_repeats)
+                                    config.measured_repeats, config.timing_drift)
         bar = _LazyBar("time candidates", progress)
         result = minitron_matched(ctx.space, ctx.importance, ctx.costs, budgets, measure, score,
                                   config.minitron, progress=bar)
@@ -631,7 +637,8 @@ def spec_timer(ctx: SearchContext, config: SearchConfig) -> SpecTimer | None:
     if config.measured_rounds == 0 or not ctx.cost_model.target.measurable:
         return None
     return SpecTimer(lambda spec: measure_spec(spec, ctx.model.config, ctx.cost_model,
-                                               ctx.workload, config.measured_repeats))
+                                               ctx.workload, config.measured_repeats,
+                                               config.timing_drift))
 
 
 def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
