@@ -257,8 +257,9 @@ def test_final_pick_times_its_short_list_and_takes_the_best_that_meets_the_limit
         kept = sum(not layer.is_empty for layer in spec.layers)
         return {"tpot_ms": budget * (1.2 if kept > slow_above else 0.8)}, {"tpot_ms": 0.0}
 
-    final = FinalPick(ctx, CONFIG.model_copy(update={"selection": CONFIG.selection.model_copy(
-        update={"top_k": 6})}), budgets=budgets)
+    # One measured round: this round's best that met is the answer.
+    final = FinalPick(ctx, CONFIG.model_copy(update={"measured_rounds": 1, "selection": (
+        CONFIG.selection.model_copy(update={"top_k": 6}))}), budgets=budgets)
     final.timer = SpecTimer(measure)
     final._score = lambda choices: [  # deeper is better after the short distillation
         {"pruned_kl": 1.0, "kl": -float(layers_kept(ctx.space, c))} for c in choices]
@@ -272,6 +273,50 @@ def test_final_pick_times_its_short_list_and_takes_the_best_that_meets_the_limit
     assert len(calls) == len(timed)  # timed in KL order, up to the first that meets
     final.timer(ctx.space.spec_of(best.choice))  # the closed loop re-uses that timing
     assert len(calls) == len(timed)
+
+
+def test_final_pick_re_aims_when_its_best_misses_and_keeps_the_best_that_met(ctx):
+    """Where the cost model is optimistic, the short list's best misses and the candidate that
+    met is a much worse one: while rounds are left, the best (a miss) goes back to the closed
+    loop, which re-aims; the loop's rounds end with the lowest KL that met in any of them."""
+    from autocompress.search.discretize import measured_scores, repair
+    from autocompress.search.measured import SpecTimer, closed_loop
+    from autocompress.search.run import FinalPick
+    from autocompress.search.selection import repaired_finalists
+
+    budgets = {"tpot_ms": 0.6 * ctx.teacher_costs()["tpot_ms"]}
+    anchor = ctx.space.full_choice()
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(CONFIG), radius=None)
+
+    def predicted(spec):
+        return ctx.cost_model.predict(spec, WORKLOAD).metrics()["tpot_ms"]
+
+    def measure(spec):  # the target is 8% slower than the cost model says
+        return {m: 1.08 * v for m, v in ctx.cost_model.predict(spec, WORKLOAD).metrics().items()
+                if m in TIMING_METRICS}, {m: 0.0 for m in TIMING_METRICS}
+
+    def finalists(bounds):
+        found = repair(ctx.space, ctx.costs, bounds, anchor, scores)
+        return repaired_finalists(ctx.space, ctx.costs, bounds, anchor, scores, found, True)
+
+    config = CONFIG.model_copy(update={"measured_rounds": 3, "timing_drift": 0.0, "selection": (
+        CONFIG.selection.model_copy(update={"top_k": 6}))})
+    final = FinalPick(ctx, config, budgets=budgets)
+    final.timer = SpecTimer(measure)
+    final._score = lambda choices: [  # larger is better after the short distillation
+        {"pruned_kl": 1.0, "kl": -float(ctx.space.spec_of(c).num_params())} for c in choices]
+    chosen, rounds = closed_loop(lambda bounds: final.choose(lambda: finalists(bounds)),
+                                 lambda f: ctx.space.spec_of(f.choice), ctx.cost_model,
+                                 WORKLOAD, budgets, dict(budgets), 3, final.timer)
+    first = final.rounds[0]
+    best_kl = min(f["kl"] for f in first)
+    met_first = [f for f in first if f.get("met")]
+    # Round 1: the best missed, a worse one met, and the best went back to the loop.
+    assert met_first and met_first[0]["kl"] > best_kl and not rounds[0].met
+    assert [f["kl"] for f in first if f["chosen"]] == [best_kl]
+    assert len(rounds) >= 2 and rounds[-1].met
+    assert predicted(ctx.space.spec_of(chosen.choice)) * 1.08 <= budgets["tpot_ms"]
+    assert chosen.kl == min(f.kl for f in final.met)  # the best that met, over every round
 
 
 # ------------------------------------------------------------------ ablations
