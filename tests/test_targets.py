@@ -273,6 +273,20 @@ def test_the_matrix_measures_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
     assert bench.cpu_flags(tmp_path / "absent") == set()
 
 
+def test_the_front_uses_held_out_loss_where_the_family_has_no_mc_suite():
+    bench = _bench()
+
+    def member(tpot, loss, mc=None):
+        return {"measured": {"tpot_ms": tpot}, "scores": {"heldout_loss": loss, "mc_mean": mc}}
+
+    # The third is slower than the second and worse: off the front.
+    family = [member(0.30, 4.20), member(0.25, 4.30), member(0.28, 4.35)]
+    assert bench.on_front(family) == [True, True, False]
+    # With the MC suite on every member, it decides instead (higher is better).
+    family = [member(0.30, 4.20, 0.50), member(0.25, 4.30, 0.52), member(0.28, 4.35, 0.53)]
+    assert bench.on_front(family) == [False, True, True]
+
+
 def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
     """``bench/targets.py``'s cost terms (from a real cost model artifact) and the report it
     writes from a matrix, a joint run and a family (the plots included)."""
