@@ -313,10 +313,15 @@ def test_final_pick_re_aims_when_its_best_misses_and_keeps_the_best_that_met(ctx
     met_first = [f for f in first if f.get("met")]
     # Round 1: the best missed, a worse one met, and the best went back to the loop.
     assert met_first and met_first[0]["kl"] > best_kl and not rounds[0].met
-    assert [f["kl"] for f in first if f["chosen"]] == [best_kl]
+    assert rounds[0].params == next(f["params"] for f in first if f["kl"] == best_kl)
     assert len(rounds) >= 2 and rounds[-1].met
     assert predicted(ctx.space.spec_of(chosen.choice)) * 1.08 <= budgets["tpot_ms"]
     assert chosen.kl == min(f.kl for f in final.met)  # the best that met, over every round
+    # The report: the last round's short list, plus the winner from its own round.
+    report = final.report()
+    won = [r for r in report if r["chosen"]]
+    assert len(won) == 1 and won[0]["choice"] == chosen.choice.to_dict() and won[0]["met"]
+    assert {r["round"] for r in report} <= set(range(1, len(final.rounds) + 1))
 
 
 # ------------------------------------------------------------------ ablations

@@ -496,6 +496,7 @@ class FinalPick:
         self.timer = spec_timer(ctx, config)
         self.rounds: list[list[dict[str, Any]]] = []
         self.met: list[Finalist] = []  # short-listed candidates that met as measured, all rounds
+        self.chosen: Finalist | None = None
         self.seconds = 0.0
 
     def choose(self, finalists) -> Finalist:
@@ -508,7 +509,8 @@ class FinalPick:
         self.met += met_now
         chosen = self._settle(best, met_now)
         self.rounds.append([{**f.describe(self.ctx.space), **timed.get(f.choice, {}),
-                             "chosen": f is chosen} for f in short])
+                             "round": len(self.rounds) + 1} for f in short])
+        self.chosen = chosen
         self.seconds += time.perf_counter() - started
         return chosen
 
@@ -540,7 +542,20 @@ class FinalPick:
             [space.spec_of(c) for c in choices])
 
     def report(self) -> list[dict[str, Any]]:
-        return self.rounds[-1] if self.rounds else []
+        """The last round's short list, and the winner's row from its own round if an earlier
+        round's candidate won (each row says its ``round``)."""
+        if not self.rounds:
+            return []
+        rows = [{**r, "chosen": False} for r in self.rounds[-1]]
+        won = self.chosen.choice.to_dict()
+        same = [r for r in rows if r["choice"] == won]
+        if not same:
+            earlier = next(r for rows_i in reversed(self.rounds[:-1]) for r in rows_i
+                           if r["choice"] == won)
+            same = [{**earlier, "chosen": False}]
+            rows += same
+        same[0]["chosen"] = True
+        return rows
 
 
 def run_minitron(
