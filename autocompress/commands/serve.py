@@ -75,6 +75,9 @@ def serve(
                                 f"pick from {pools}")
     stack = Stack()
     started = time.monotonic()
+    # Ctrl-C and SIGTERM both stop everything, also where serve was started as a background
+    # job of a script (such a job inherits SIGINT ignored, so Python's own handler is absent).
+    signal.signal(signal.SIGINT, _raise_interrupt)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         env = start_servers(stack, root, port or free_port(), mlflow_port or free_port())
