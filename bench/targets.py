@@ -286,11 +286,8 @@ def run_pareto(args) -> dict:
         label = budget_label(fraction)
         out = family.outputs
         evaluation, verification = out[f"evaluation.{label}"], out[f"verification.{label}"]
-        points.append(SweepPoint(
+        points.append(SweepPoint(  # the front is ranked from the members (``on_front``)
             label=label, overrides={"budget_fraction": fraction},
-            score=evaluation.metrics.get("mc_mean"),
-            costs={m: verification.metrics[m] for m in ("tpot_ms", "memory_gb")
-                   if m in verification.metrics},
             outputs={"arch": out[f"arch.{label}"], "evaluation": evaluation,
                      "verification": verification}))
     members = [_member(p, fraction) for p, fraction in zip(points, args.budgets, strict=True)]

@@ -474,7 +474,8 @@ class FinalPick:
     of a method's candidates, each given the baseline's short distillation (the same
     settings, ``config.minitron.distill_*``), lowest KL wins. Scores are kept across the
     measured loop's rounds (and across picks that pass the same ``memo``: a Pareto family's
-    budgets); the report has the last round's short list.
+    budgets); the report has the last round's short list (and the winner, if an earlier
+    round's candidate won).
 
     Given ``budgets`` on a target this machine times, the short list is also timed, best KL
     first, up to the first candidate that meets the budgets as measured — the care the
@@ -583,11 +584,7 @@ def run_minitron(
     else:
         _need_costs(ctx)
         budgets = budgets_from_limits(limits, ctx.workload)
-        measure = None
-        if config.measured_rounds and ctx.cost_model.target.measurable:
-            def measure(spec):
-                return measure_spec(spec, ctx.model.config, ctx.cost_model, ctx.workload,
-                                    config.measured_repeats, config.timing_drift)
+        measure = spec_timer(ctx, config)  # the search's timing, drift allowance included
         bar = _LazyBar("time candidates", progress)
         result = minitron_matched(ctx.space, ctx.importance, ctx.costs, budgets, measure, score,
                                   config.minitron, progress=bar)
