@@ -153,6 +153,15 @@ def run_matrix(args) -> dict:
     return data
 
 
+def _stamp(load: dict, options: dict, args) -> dict:
+    """When, on what machine (CPU, torch's kernels, cores, threads: machines here differ),
+    under what load and with which options a result was measured."""
+    from autocompress.hardware import machine_summary
+
+    return {"load_average": load, "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine_summary(), "options": options, "eval_limit": args.eval_limit}
+
+
 def enrich_matrix(data: dict, args, load: dict, wall_s: float) -> dict:
     """The flow's matrix plus what the report reads: architectures, scores, cost terms."""
     data["teacher"] = args.teacher
@@ -161,9 +170,7 @@ def enrich_matrix(data: dict, args, load: dict, wall_s: float) -> dict:
         model["evaluation_report"] = _summary(_json(model["evaluation"]))
         model["cost_terms"] = cost_terms(model["costmodel"], data, model)
         model["validation_mape"] = _json(model["validation"]).get("mape")
-    data.update(load_average=load, wall_s=wall_s,
-                created=datetime.now(UTC).isoformat(timespec="seconds"),
-                options=_options(args), eval_limit=args.eval_limit)
+    data.update(wall_s=wall_s, **_stamp(load, _options(args), args))
     return data
 
 
@@ -246,9 +253,8 @@ def run_joint(args) -> dict:
             "selection": _selection(search),
             "scores": _summary(_json(out["evaluation"].model_dump(mode="json"))),
             "verifications": verifications, "wall_s": time.perf_counter() - started,
-            "steps": [s.model_dump() for s in report.steps], "load_average": load,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "options": _options(args), "eval_limit": args.eval_limit}
+            "steps": [s.model_dump() for s in report.steps],
+            **_stamp(load, _options(args), args)}
 
 
 def _selection(search: dict) -> list[dict]:
@@ -299,8 +305,7 @@ def run_pareto(args) -> dict:
     if args.one_by_one:
         data["search_times"] = time_searches(family, args, options)
         load["after_search_times"] = os.getloadavg()
-    data.update(load_average=load, created=datetime.now(UTC).isoformat(timespec="seconds"),
-                options=options, eval_limit=args.eval_limit)
+    data.update(_stamp(load, options, args))
     return data
 
 
@@ -599,9 +604,10 @@ def write_report(out_dir: Path) -> Path:
                       out_dir / "targets_heatmaps.png")
         load = data["load_average"]
         lines += ["## The cross-target matrix", "",
-                  f"Teacher `{data['teacher']}`; {data['created']}; {data['wall_s']:.0f} s wall; "
-                  f"load average (1/5/15 min) before {_load(load['before'])}, after "
-                  f"{_load(load['after'])}; eval limit {data['eval_limit']} items per task; "
+                  f"Teacher `{data['teacher']}`; {data['created']}; {_machine(data)}"
+                  f"{data['wall_s']:.0f} s wall; load average (1/5/15 min) before "
+                  f"{_load(load['before'])}, after {_load(load['after'])}; eval limit "
+                  f"{data['eval_limit']} items per task; "
                   f"options `{json.dumps(data['options'])}`.", "",
                   *matrix_tables(data), "",
                   *[f"- **{t}: no architecture** — {e}" for t, e in
@@ -631,6 +637,13 @@ def write_report(out_dir: Path) -> Path:
     with atomic_path(path) as tmp:
         Path(tmp).write_text("\n".join(lines))
     return path
+
+
+def _machine(data: dict) -> str:
+    """``on <CPU> (<kernels>, <n> torch threads); `` where the JSON records it."""
+    m = data.get("machine")
+    return (f"on {m['cpu']} ({m['cpu_capability']}, {m['torch_threads']} torch threads of "
+            f"{m['cores']} cores); " if m else "")
 
 
 def _load(values) -> str:

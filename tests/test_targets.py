@@ -273,6 +273,16 @@ def test_the_matrix_measures_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
     assert bench.cpu_flags(tmp_path / "absent") == set()
 
 
+def test_every_targets_result_records_the_machine_it_was_measured_on():
+    bench = _bench()
+    args = type("Args", (), {"eval_limit": 30})()
+    stamp = bench._stamp({"before": [1.0, 1.0, 1.0]}, {"search": {}}, args)
+    machine = stamp["machine"]
+    assert machine["cpu"] and machine["cpu_capability"] and machine["torch_threads"] >= 1
+    assert bench._machine(stamp).startswith(f"on {machine['cpu']} (")
+    assert stamp["eval_limit"] == 30 and stamp["load_average"]["before"] == [1.0, 1.0, 1.0]
+
+
 def test_the_front_uses_held_out_loss_where_the_family_has_no_mc_suite():
     bench = _bench()
 
