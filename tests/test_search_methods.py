@@ -129,6 +129,40 @@ def test_every_candidate_that_could_meet_the_limit_is_timed(ctx):
                                 config=CONFIG.minitron).timed
 
 
+def test_the_baselines_pick_must_meet_the_limit_in_a_second_timing_too(ctx):
+    """As the search's: the largest feasible candidate reads 15% low in its first timing and
+    meets; its second timing misses, so it drops out and the next largest wins."""
+    from autocompress.search.measured import SpecTimer
+
+    pool = candidates(ctx.space, ctx.importance, CONFIG.minitron)
+    tpot = _tpot(ctx, pool)
+    budget = sorted(tpot)[len(tpot) // 3]
+    first = max((c for c, t in zip(pool, tpot, strict=True) if t <= budget),
+                key=lambda c: c.params)
+
+    timings_of_first = []
+
+    def target(spec):  # as predicted, except the largest feasible: 10% over the budget,
+        predicted = ctx.cost_model.predict(spec, WORKLOAD).metrics()  # first read 15% low
+        if spec == first.spec:
+            timings_of_first.append(spec)
+            tpot = 1.1 * budget * (0.85 if len(timings_of_first) == 1 else 1.0)
+            return {**{m: predicted[m] for m in TIMING_METRICS}, "tpot_ms": tpot}, {}
+        return {m: predicted[m] for m in TIMING_METRICS}, {}
+
+    plain = minitron_matched(ctx.space, ctx.importance, ctx.costs, {"tpot_ms": budget},
+                             SpecTimer(target), config=CONFIG.minitron)
+    assert plain.spec == first.spec  # met in its one (low) timing
+    timings_of_first.clear()
+    timer = SpecTimer(target)
+    checked = minitron_matched(ctx.space, ctx.importance, ctx.costs, {"tpot_ms": budget},
+                               timer, config=CONFIG.minitron, confirm=timer.confirm)
+    assert checked.spec != first.spec and checked.candidate.params <= first.params
+    assert checked.candidate.confirmed["tpot_ms"] <= budget
+    dropped = next(c for c in checked.timed if c.spec == first.spec)
+    assert dropped.confirmed["tpot_ms"] > budget and not dropped.met
+
+
 def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
         tiny_corpus, tiny_tokenizer, autocompress_home):
     cpu = _context(tiny_tokenizer, tiny_corpus,
@@ -139,12 +173,15 @@ def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
         "distill_batch_size": 4, "distill_lr": 3e-3})})
     outcome = run_minitron(cpu, limits=limits, config=config)
     report = outcome.report(cpu)
-    assert len(report["measured_rounds"]) == 2  # timed largest first until top_k met
-    assert all(r["met"] and r["measured"]["tpot_ms"] > 0 for r in report["measured_rounds"])
-    assert report["measured_rounds"][0]["params"] == cpu.space.teacher.num_params()
+    # Timed largest first until top_k met, then the pick a second time.
+    rounds = report["measured_rounds"]
+    assert len(rounds) == 3
+    assert all(r["met"] and r["measured"]["tpot_ms"] > 0 for r in rounds)
+    assert rounds[0]["params"] == cpu.space.teacher.num_params()
     scores = [c["score"] for c in report["scored"]]
     assert len(scores) == 2 and all(s > 0 for s in scores)
     assert report["chosen"]["score"] == min(scores)
+    assert rounds[2]["params"] == outcome.spec.num_params() and report["chosen"]["confirmed"]
 
     # The score is taken after the short distillation, which brings the student closer.
     # (A random tiny teacher is nearly uniform: sharpen it so there is something to
@@ -270,9 +307,58 @@ def test_final_pick_times_its_short_list_and_takes_the_best_that_meets_the_limit
     assert timed and timed[-1]["met"] and not any(f["met"] for f in timed[:-1])
     assert timed[-1]["chosen"] and best.layers == timed[-1]["layers"] <= slow_above
     assert by_kl[0]["layers"] > slow_above and not by_kl[0]["chosen"]  # best KL, too slow
-    assert len(calls) == len(timed)  # timed in KL order, up to the first that meets
+    # Timed in KL order up to the first that meets, and that one a second time.
+    assert len(calls) == len(timed) + 1 and calls[-1] == calls[-2]
+    assert timed[-1]["confirmed"] == timed[-1]["measured"]
     final.timer(ctx.space.spec_of(best.choice))  # the closed loop re-uses that timing
-    assert len(calls) == len(timed)
+    assert len(calls) == len(timed) + 1
+
+
+def test_a_pick_must_meet_the_budget_in_a_second_timing_too(ctx):
+    """The winner's curse: every candidate's first timing reads 10% low, so the best-KL one
+    (which is too slow) meets in it; its second timing misses, and the pick moves on to a
+    candidate that meets in both. Without ``confirm_timing`` the slow one is kept."""
+    from autocompress.search.discretize import measured_scores, repair
+    from autocompress.search.measured import SpecTimer
+    from autocompress.search.run import FinalPick
+    from autocompress.search.selection import repaired_finalists
+
+    budgets = {"tpot_ms": 0.6 * ctx.teacher_costs()["tpot_ms"]}
+    anchor = ctx.space.full_choice()
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(CONFIG), radius=None)
+    found = repair(ctx.space, ctx.costs, budgets, anchor, scores)
+    every = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, True)
+    largest = max(ctx.space.spec_of(f.choice).num_params() for f in every)
+    seen = set()
+
+    def measure(spec):  # the largest is 10% over the budget, every other 20% under it
+        key = spec.to_json(indent=None)
+        first = key not in seen
+        seen.add(key)
+        true = budgets["tpot_ms"] * (1.1 if spec.num_params() == largest else 0.8)
+        return {"tpot_ms": true * (0.85 if first else 1.0)}, {"tpot_ms": 0.0}
+
+    def pick(confirm_timing: bool):
+        seen.clear()
+        config = CONFIG.model_copy(update={
+            "measured_rounds": 1, "timing_drift": 0.0, "confirm_timing": confirm_timing,
+            "selection": CONFIG.selection.model_copy(update={"top_k": 6})})
+        final = FinalPick(ctx, config, budgets=budgets)
+        final.timer = SpecTimer(measure)
+        final._score = lambda choices: [  # larger is better after the short distillation
+            {"pruned_kl": 1.0, "kl": -float(ctx.space.spec_of(c).num_params())}
+            for c in choices]
+        best = final.choose(lambda: every)
+        return ctx.space.spec_of(best.choice).num_params(), final
+
+    assert pick(False)[0] == largest  # met in its one (low) timing
+    params, final = pick(True)
+    assert params < largest
+    rows = sorted(final.report(), key=lambda r: -r["params"])
+    assert rows[0]["params"] == largest and not rows[0]["met"]
+    assert rows[0]["measured"]["tpot_ms"] <= budgets["tpot_ms"] < rows[0]["confirmed"]["tpot_ms"]
+    assert final.timer(ctx.space.spec_of(final.chosen.choice))[0]["tpot_ms"] == \
+        0.8 * budgets["tpot_ms"]  # the closed loop reads the second timing
 
 
 def test_final_pick_re_aims_when_its_best_misses_and_keeps_the_best_that_met(ctx):

@@ -39,6 +39,10 @@ Ours, so that the comparison with the search is fair:
   as a measured miss on every axis (width, heads, KV heads, FFN, layers kept) is
   recorded as a miss without being timed (timing is monotone in size; not with
   ``time_all``);
+- **the pick is timed a second time** (``confirm``), as the search's is: the best
+  after the short distillation must meet the limits there too, else it drops out
+  and the next is picked (among several candidates near the limit, the ones that
+  met tend to be those that read low);
 - the short distillation's budget, data and seed are the same for every
   candidate, and it is scored by KL to the teacher on fixed calibration batches
   that neither the training stream nor the benchmarks use
@@ -112,6 +116,8 @@ class Candidate:
     measured: dict[str, float] | None = None
     noise: dict[str, float] | None = None
     met: bool | None = None  # None: not timed
+    confirmed: dict[str, float] | None = None  # the pick's second timing (``confirm``)
+    confirmed_noise: dict[str, float] | None = None
     skipped_by: int | None = None  # params of the timed miss it is at least as large as
     score: float | None = None
 
@@ -129,6 +135,7 @@ class Candidate:
             "measured": self.measured,
             "noise": self.noise,
             "met": self.met,
+            "confirmed": self.confirmed,
             "score": self.score,
         }
 
@@ -226,7 +233,8 @@ def _pick(pool: list[Candidate], target: int, config: MinitronConfig, score: Sco
           mode: str, total: int) -> BaselineResult:
     top = _largest_first(pool)[: config.top_k]
     if score is not None and len(top) > 1:
-        for cand, value in zip(top, score(top), strict=True):
+        todo = [c for c in top if c.score is None]  # scored once, across re-picks
+        for cand, value in zip(todo, score(todo) if todo else [], strict=True):
             cand.score = float(value)
         best = min(top, key=lambda c: (c.score, -c.params))
     else:
@@ -258,11 +266,12 @@ def could_meet(costs: dict[str, float], budgets: dict[str, float], band: float) 
                for m, b in budgets.items())
 
 
-def meets_as_measured(cand: Candidate, budgets: dict[str, float]) -> bool:
+def meets_as_measured(costs: dict[str, float], measured: dict[str, float],
+                      noise: dict[str, float], budgets: dict[str, float]) -> bool:
     """Timings: measurement plus its noise within the budget (the search's guard band);
     other budgets (memory): the prediction, as in the search's measured loop."""
-    return all(cand.measured[m] + cand.noise.get(m, 0.0) <= b if m in TIMING_METRICS
-               else cand.costs[m] <= b for m, b in budgets.items())
+    return all(measured[m] + noise.get(m, 0.0) <= b if m in TIMING_METRICS
+               else costs[m] <= b for m, b in budgets.items())
 
 
 def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str, float],
@@ -284,7 +293,7 @@ def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str
             cand.met, cand.skipped_by = False, cover.params
             continue
         cand.measured, cand.noise = measure(cand.spec)
-        cand.met = meets_as_measured(cand, budgets)
+        cand.met = meets_as_measured(cand.costs, cand.measured, cand.noise, budgets)
         timed.append(cand)
         met += cand.met
         if not cand.met:
@@ -297,9 +306,12 @@ def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str
 def minitron_matched(space: SearchSpace, importance: Importance, costs,
                      budgets: dict[str, float], measure: Measure | None = None,
                      score: Score | None = None, config: MinitronConfig | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> BaselineResult:
+                     progress: Callable[[int, int], None] | None = None,
+                     confirm: Measure | None = None) -> BaselineResult:
     """Homogeneous architecture that meets ``budgets``: the top-k largest that meet them
-    (as measured with ``measure``, else as predicted), the best by ``score``."""
+    (as measured with ``measure``, else as predicted), the best by ``score``. Given
+    ``confirm`` (a second timing, ``SpecTimer.confirm``), the best must meet them there too;
+    one that does not drops out and the pick is made again from the rest."""
     config = config or MinitronConfig()
     tables = CostTables(costs, list(budgets))
     pool = candidates(space, importance, config)
@@ -311,13 +323,24 @@ def minitron_matched(space: SearchSpace, importance: Importance, costs,
     else:
         timed = time_candidates(space, pool, budgets, measure, config, progress)
         meeting = [c for c in timed if c.met]
-    if not meeting:
-        raise _none_meets(pool, timed, budgets, measure is not None)
-    target = max(c.params for c in meeting)
-    result = _pick(meeting, target, config, score, "matched", len(pool))
+    while True:
+        if not meeting:
+            raise _none_meets(pool, timed, budgets, measure is not None)
+        result = _pick(meeting, max(c.params for c in meeting), config, score, "matched",
+                       len(pool))
+        if confirm is None or not timed or _confirmed(result.candidate, budgets, confirm):
+            break
+        meeting = [c for c in meeting if c is not result.candidate]
     result.timed = timed
     result.could_meet = sum(could_meet(c.costs, budgets, config.timing_band) for c in pool)
     return result
+
+
+def _confirmed(cand: Candidate, budgets: dict[str, float], confirm: Measure) -> bool:
+    """Whether ``cand`` meets ``budgets`` in its second timing too (recorded on it)."""
+    cand.confirmed, cand.confirmed_noise = confirm(cand.spec)
+    cand.met = meets_as_measured(cand.costs, cand.confirmed, cand.confirmed_noise, budgets)
+    return cand.met
 
 
 def _none_meets(pool: list[Candidate], timed: list[Candidate], budgets: dict[str, float],
