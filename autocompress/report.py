@@ -61,6 +61,44 @@ def load_compare(path: str | Path) -> dict[str, Any]:
                                 hint="re-run `autocompress bench compare`") from None
 
 
+def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several compare.json files (e.g. one per preset, each from its own invocation) as one:
+    their cells side by side. They must share the target, teacher, baseline and kind
+    (synthetic or not); a cell (preset × budget) may appear once. Each run keeps the
+    settings and machine of its own file; the top level is the first file's, with the
+    presets of all, the latest ``created``, the summed wall time."""
+    if len(datas) == 1:
+        return datas[0]
+    first = datas[0]
+    same = ("target", "baseline", "synthetic")
+    for other in datas[1:]:
+        differs = [k for k in same if other.get(k) != first.get(k)]
+        if other.get("teacher", {}).get("dir") != first.get("teacher", {}).get("dir"):
+            differs.append("teacher")
+        if differs:
+            raise AutoCompressError(f"the comparisons differ in {', '.join(differs)}: their "
+                                    "cells cannot share one table",
+                                    hint="pass files of one target, teacher and baseline")
+    runs, cells = [], set()
+    for data in datas:
+        for run in data.get("runs", []):
+            cell = (run["preset"], run["budget_fraction"])
+            if cell in cells:
+                raise AutoCompressError(f"{cell[0]} @ {cell[1]:.0%} is in more than one file",
+                                        hint="pass each cell once")
+            cells.add(cell)
+            runs.append({"settings": data.get("settings", {}), "machine": data.get("machine"),
+                         **run})
+    settings = {**first.get("settings", {}),
+                "presets": sorted({p for d in datas for p in d.get("settings", {})
+                                   .get("presets", [])})}
+    return {**first, "runs": runs, "settings": settings,
+            "created": max(d.get("created", "") for d in datas),
+            "reduced": any(d.get("reduced") for d in datas),
+            "wall_s": sum(d.get("wall_s", 0) for d in datas),
+            "not_run": [n for d in datas for n in d.get("not_run", [])]}
+
+
 def method_label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 

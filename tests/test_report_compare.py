@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from autocompress import report
+from autocompress.errors import AutoCompressError
 
 
 def _arch(hidden: int, heads: list[int], kv: list[int], ffn: list[int]) -> dict:
@@ -239,3 +240,30 @@ def test_final_picks_say_whether_the_ranking_after_pruning_agreed():
     assert "the best right after pruning, 5 layers, had 0.500" in lines[0]
     assert "Spearman ρ -1.00" in lines[0]
     assert report._rank_correlation([1, 2, 3], [3, 4, 5]) == 1.0
+
+
+def test_cells_of_several_files_share_one_table_and_a_clash_is_refused(tmp_path):
+    """One file per preset (each from its own `bench compare`): `--json` repeated puts their
+    cells in one table; the same cell twice, or another target, is a one-line error."""
+    first = _synthetic(minitron_wins=False)
+    second = _synthetic(minitron_wins=True)
+    for run in second["runs"]:
+        run["preset"] = "local-coding-cpu"
+    first["settings"]["presets"] = ["interactive-cpu"]
+    second["settings"].update(seeds=[0], presets=["local-coding-cpu"])
+    paths = []
+    for name, data in (("a.json", first), ("b.json", second)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(data))
+    args = ["bench", "readme-table", "--json", str(paths[0]), "--json", str(paths[1]),
+            "--readme", str(tmp_path / "none.md")]
+    result = CliRunner().invoke(_cli_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "interactive-cpu" in result.output and "local-coding-cpu" in result.output
+    merged = report.merge_compares([first, second])
+    assert [r["settings"]["seeds"] for r in merged["runs"]] == [[0, 1]] * 2 + [[0]] * 2
+    assert merged["settings"]["presets"] == ["interactive-cpu", "local-coding-cpu"]
+    with pytest.raises(AutoCompressError, match="more than one file"):
+        report.merge_compares([first, first])
+    with pytest.raises(AutoCompressError, match="differ in target"):
+        report.merge_compares([first, {**second, "target": "cpu-local/y"}])

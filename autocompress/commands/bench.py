@@ -49,8 +49,16 @@ def compare_command(ctx: typer.Context) -> None:
     _compare_module().main(list(ctx.args))
 
 
+def _load(json_paths: list[Path]) -> dict:
+    from autocompress.report import load_compare, merge_compares
+
+    return merge_compares([load_compare(p) for p in json_paths])
+
+
 def report_command(
-    json_path: Path = typer.Option(DEFAULT_JSON, "--json", help="compare.json to read."),
+    json_paths: list[Path] = typer.Option([DEFAULT_JSON], "--json", help="compare.json to "
+                                          "read; repeat it for cells written by several runs "
+                                          "(e.g. one preset each)."),
     out_dir: Path = typer.Option(None, "--out", help="Folder for report.md + PNGs "
                                  "(default: beside the JSON)."),
     also: list[Path] = typer.Option([], "--also", help="Another compare.json (e.g. a reduced "
@@ -64,12 +72,13 @@ def report_command(
         data = load_compare(path)
         kind = "Reduced comparison" if data.get("reduced") else "Comparison"
         extra.append((f"{kind}: `{path.name}` ({data.get('created', '?')})", data))
-    path = write_report(load_compare(json_path), out_dir or json_path.parent, also=extra)
+    path = write_report(_load(json_paths), out_dir or json_paths[0].parent, also=extra)
     typer.echo(f"wrote {path}")
 
 
 def readme_table_command(
-    json_path: Path = typer.Option(DEFAULT_JSON, "--json", help="compare.json to read."),
+    json_paths: list[Path] = typer.Option([DEFAULT_JSON], "--json", help="compare.json to "
+                                          "read; repeatable, as for `bench report`."),
     readme: Path = typer.Option(REPO / "README.md", "--readme",
                                 help="README whose <!-- results:start/end --> block to replace."),
 ) -> None:
@@ -78,9 +87,9 @@ def readme_table_command(
     Replaces only the text between `<!-- results:start -->` and `<!-- results:end -->`;
     if the README or the markers are missing, prints the table instead.
     """
-    from autocompress.report import load_compare, readme_table, update_readme
+    from autocompress.report import readme_table, update_readme
 
-    data = load_compare(json_path)
+    data = _load(json_paths)
     if readme.exists() and update_readme(readme, data):
         typer.echo(f"updated the results table in {readme}")
     else:
