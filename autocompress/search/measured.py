@@ -109,10 +109,10 @@ class SpecTimer:
 
     ``confirm(spec)`` times an architecture a second time, once. Why: among several
     candidates near a budget, the one whose timing met it is likely one that read low (a
-    winner's curse: ``verify`` read the search's picks 4-9% slower than the search had,
-    results/compare.json of 2026-12-01). A timing taken *after* the choice carries no such
-    bias, so a pick must meet its budgets in both, and the second stands for the
-    architecture from then on (the closed loop and the reports read it)."""
+    winner's curse). A timing taken *after* the choice carries no such bias, so a pick
+    must meet its budgets in both, and the second stands for the architecture from then
+    on (the closed loop and the reports read it). It does not remove the larger,
+    systematic gap of heterogeneous picks (docs/measurement-history.md)."""
 
     def __init__(self, measure: Callable[[ArchSpec], tuple[dict[str, float], dict[str, float]]]):
         self._measure = measure
