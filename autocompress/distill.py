@@ -30,7 +30,7 @@ from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress import distributed, paths
 from autocompress.atomic import check_out_dir, publishing_dir, remove_path, write_json_atomic
@@ -53,6 +53,7 @@ DEFAULT_TOKENS = 200_000
 class DistillConfig(BaseModel):
     """How long and how to distil; ``tokens`` / (``batch_size`` × ``seq_len``) = steps."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not ignored
     tokens: int = Field(gt=0, description="Training token budget (student-side tokens).")
     seq_len: int = Field(256, gt=1)
     batch_size: int = Field(16, gt=0, description="Global sequences per optimizer step.")

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -593,6 +593,7 @@ def _progress(items: list, description: str, enabled: bool):
 class CalibrationConfig(BaseModel):
     """Which calibration data importance is computed on."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not ignored
     corpus_dir: str | None = None  # None: the default stdlib corpus (built if absent)
     seq_len: int = 256
     batch_size: int = 8

@@ -55,7 +55,9 @@ def distill_tokens(args: argparse.Namespace, fraction: float) -> int:
 
 
 def stage_options(args: argparse.Namespace, seed: int, fraction: float) -> dict[str, dict]:
-    """Per-stage settings of one compress run (``compress(options=...)``)."""
+    """Per-stage settings of one compress run (``compress(options=...)``), checked."""
+    from autocompress.stage_options import check_options, parse_options
+
     tokens = distill_tokens(args, fraction)
     steps = max(1, -(-tokens // TOKENS_PER_STEP))
     options: dict[str, dict[str, Any]] = {
@@ -70,7 +72,7 @@ def stage_options(args: argparse.Namespace, seed: int, fraction: float) -> dict[
                     "ckpt_every": 10, "seed": seed},
         "verify": {"repeats": args.verify_repeats},
     }
-    return _merged(options, json.loads(args.options or "{}"))
+    return check_options(_merged(options, parse_options(args.options)))
 
 
 def method_seeds(args: argparse.Namespace, method: str) -> list[int]:
@@ -104,6 +106,7 @@ def run_sweep(args: argparse.Namespace):
     """``flows.sweep.sweep`` over presets × budgets × methods; returns its SweepReport."""
     from autocompress.commands.pipeline import _prepare_environment
 
+    runs = sweep_runs(args)  # every run's options checked before any stage runs
     _prepare_environment()  # Prefect's home and telemetry, before Prefect is imported
     from flows.compress import METHODS as FLOW_METHODS
     from flows.sweep import sweep
@@ -114,7 +117,7 @@ def run_sweep(args: argparse.Namespace):
                                 hint=f"the compress flow has {', '.join(FLOW_METHODS)}")
     base = {"teacher": args.teacher, "target": args.target, "eval_limit": args.eval_limit,
             "register_as": None, "corpus_dir": args.corpus, "track": not args.no_track}
-    return sweep(runs=sweep_runs(args), base=base, experiment=args.experiment, store=args.store)
+    return sweep(runs=runs, base=base, experiment=args.experiment, store=args.store)
 
 
 # ------------------------------------------------------------------ flow outputs -> JSON

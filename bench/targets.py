@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -125,9 +126,23 @@ def _arch(ref: dict) -> dict:
 
 
 def _options(args) -> dict[str, dict[str, Any]]:
-    extra = json.loads(args.options or "{}")
-    return {stage: {**OPTIONS.get(stage, {}), **extra.get(stage, {})}
-            for stage in {*OPTIONS, *extra}}
+    """``OPTIONS`` with ``--options`` over them, stage by stage, checked."""
+    from autocompress.stage_options import check_options, parse_options
+
+    extra = parse_options(args.options)
+    return check_options({stage: {**OPTIONS.get(stage, {}), **extra.get(stage, {})}
+                          for stage in {*OPTIONS, *extra}})
+
+
+def _check_options(args) -> None:
+    """A bad ``--options`` stops the script here in two lines (exit 2), before any flow."""
+    from autocompress.errors import AutoCompressError
+
+    try:
+        _options(args)
+    except AutoCompressError as err:
+        print(f"error: {err.message}\nhint: {err.hint}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # ------------------------------------------------------------------ matrix
@@ -732,6 +747,8 @@ def main(argv: list[str] | None = None) -> None:
     from autocompress.atomic import write_json_atomic
 
     args = build_parser().parse_args(argv)
+    if args.command != "report":
+        _check_options(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.command == "matrix":

@@ -24,6 +24,7 @@ from prefect import flow
 
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
+from autocompress.stage_options import STAGE_CONFIGS, check_options
 from autocompress.tracking import Lineage
 from flows.common import (
     FlowReport,
@@ -111,10 +112,10 @@ def steps_for(method: str) -> list[Step]:
 
 def seeded(options: dict[str, dict[str, Any]] | None, seed: int | None
            ) -> dict[str, dict[str, Any]]:
-    """``options`` with ``seed`` as the search seed (``search.dnas.seed``: DNAS, random
-    draws, score batches, Minitron's short distillations) and the distillation seed,
-    where the options do not set them already."""
-    options = {name: dict(value) for name, value in (options or {}).items()}
+    """``options``, checked before any stage runs, with ``seed`` as the search seed
+    (``search.dnas.seed``: DNAS, random draws, score batches, Minitron's short
+    distillations) and the distillation seed, where the options do not set them already."""
+    options = check_options(options)
     if seed is None:
         return options
     search = options.setdefault("search", {})
@@ -150,7 +151,7 @@ def steps_for_target(target: str, pipeline: list[Step]) -> tuple[list[Step], Ste
     return steps, register, chain
 
 # Stages that take an ``options`` dict from the flow's ``options[<name>]``.
-STAGE_OPTIONS = ("costmodel", "validation", "importance", "search", "distill", "verify")
+STAGE_OPTIONS = tuple(STAGE_CONFIGS)
 
 # Steps whose outputs form the lineage chain, in order (missing ones are skipped).
 CHAIN = ["teacher", "corpus", "profile", "costmodel", "validation", "importance", "arch",

@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow
 
 from autocompress.paths import resolve_model_dir
+from autocompress.stage_options import check_options
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
 from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
 from tasks.teacher import publish_teacher
@@ -44,10 +45,11 @@ def costmodel_validation(
         teacher: ``default``, a model directory or ``models:/NAME/VERSION``; its
             architecture centres the probe and validation samples.
         target / workload: what to fit and validate for.
-        fit: ``tasks.costmodel.FitOptions`` fields (probes, repeats...).
-        validation: ``tasks.costmodel.ValidationOptions`` fields (n, repeats, gate).
+        fit: ``stage_config.FitOptions`` fields (probes, repeats...).
+        validation: ``stage_config.ValidationOptions`` fields (n, repeats, gate).
     """
     started = time.perf_counter()
+    check_options({"costmodel": fit or {}, "validation": validation or {}})
     params = {"teacher": teacher, "target": target, "workload": workload,
               "fit": fit or {}, "validation": validation or {}}
     with tracked_flow("costmodel_validation", params, experiment, store, track) as run:

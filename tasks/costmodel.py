@@ -10,42 +10,10 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from autocompress.artifacts import ArtifactRef
-from autocompress.costmodel.gate import NoiseRetry
 from autocompress.errors import AutoCompressError
+from autocompress.stage_config import FitOptions, ValidationOptions, stage_config
 from tasks.stage import StageContext, stage
-
-
-class FitOptions(BaseModel):
-    """Arguments of ``costmodel.fit.fit_cost_model`` the flow exposes."""
-
-    workloads: list[str] | None = Field(None, description="default: the run's workload (a "
-                                        "flow that names none: the CPU presets)")
-    n_probes: int = 20
-    repeats: int = 3
-    warmup: int = 1
-    seed: int = 0
-    paired: bool = Field(True, description="time probes in lockstep with the teacher's "
-                         "architecture (see autocompress.costmodel.measure)")
-
-
-class ValidationOptions(BaseModel):
-    """Arguments of ``validate_cost_model`` plus the gate the flow enforces."""
-
-    workloads: list[str] | None = Field(None, description="default: the flow's workload")
-    n: int = 12
-    repeats: int = 3
-    warmup: int = 1
-    seed: int = 1000
-    # The gate: the search trusts the cost model only if it ranks architectures
-    # like the hardware does and is not grossly off. None disables a check.
-    max_mape: float | None = Field(30.0, description="% on the workload's primary metrics")
-    min_kendall_tau: float | None = 0.5
-    gated_metrics: list[str] = ["tpot", "ttft"]
-    noise_retry: NoiseRetry = Field(default_factory=NoiseRetry,
-                                    description="re-measure a failure on a busy machine")
 
 
 def this_machine() -> str:
@@ -103,7 +71,7 @@ def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile:
     from autocompress.costmodel import CostModel, Target
     from autocompress.costmodel.fit import fit_cost_model
 
-    opts = FitOptions.model_validate(options or {})
+    opts = stage_config("costmodel", FitOptions, options)
     parsed = Target.parse(target)
     ctx.log_params({"target": parsed.name, "fit": opts.model_dump()})
     metrics: dict[str, float] = {}
@@ -138,7 +106,7 @@ def validate_costmodel(ctx: StageContext, costmodel: ArtifactRef, teacher: Artif
     from autocompress.costmodel.gate import judge_with_retries
     from autocompress.costmodel.validate import plot_validation, validate_cost_model
 
-    opts = ValidationOptions.model_validate(options or {})
+    opts = stage_config("validation", ValidationOptions, options)
     model = CostModel.load(ctx.fetch(costmodel))
     ctx.log_params({"validation": opts.model_dump(), "cost_model": model.version})
     if not model.target.measurable:

@@ -23,11 +23,12 @@ def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
 
     from autocompress.distill import DEFAULT_TOKENS, DistillConfig, DistillData, distill
     from autocompress.modeling import load_causal_lm
-    from autocompress.stage_sizes import distill_sizes, with_defaults
+    from autocompress.stage_config import stage_config
+    from autocompress.stage_sizes import distill_sizes
     from autocompress.training import latest_checkpoint
 
     sizes = {"tokens": DEFAULT_TOKENS, **distill_sizes(teacher.metrics.get("params"))}
-    config = DistillConfig.model_validate(with_defaults(options, sizes))
+    config = stage_config("distill", DistillConfig, options, sizes)
     ctx.log_params({"distill": config.model_dump(mode="json")})
     teacher_model, teacher_tok = load_causal_lm(ctx.fetch(teacher))
     student_model, student_tok = load_causal_lm(ctx.fetch(student))

@@ -22,11 +22,12 @@ def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
              options: dict | None):
     from autocompress.costmodel import CostModel
     from autocompress.search.run import SearchConfig, SearchContext
-    from autocompress.stage_sizes import search_sizes, with_defaults
+    from autocompress.stage_config import stage_config
+    from autocompress.stage_sizes import search_sizes
 
     # Unset sizes follow the teacher's size (stage_sizes); explicit options win.
-    options = with_defaults(options, search_sizes(teacher.metrics.get("params")))
-    config = SearchConfig.model_validate(options)
+    config = stage_config("search", SearchConfig, options,
+                          search_sizes(teacher.metrics.get("params")))
     ctx.log_params({"search": config.model_dump(mode="json")})
     search_ctx = SearchContext.build(
         str(ctx.fetch(teacher)), target, workload, config=config,

@@ -20,9 +20,10 @@ def verify_model(ctx: StageContext, model: ArtifactRef, costmodel: ArtifactRef, 
     ``machine`` keys the cache: a measurement is valid on the machine that took it.
     """
     from autocompress.costmodel import CostModel
+    from autocompress.stage_config import VerifyOptions, stage_config
     from autocompress.verify import verify
 
-    opts = {"repeats": 9, "warmup": 1, **(options or {})}
+    opts = stage_config("verify", VerifyOptions, options).model_dump()
     ctx.log_params({"verify": opts, "machine": machine})
     report = verify(ctx.fetch(model), target, workload, limits,
                     cost_model=CostModel.load(ctx.fetch(costmodel)), **opts)

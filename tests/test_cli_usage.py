@@ -112,3 +112,57 @@ def test_verify_usage_errors_exit_2_before_measuring(tmp_path, capsys, monkeypat
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 2, (extra, err)
         assert lines[0].startswith("error: ") and lines[1].startswith("hint: "), (extra, err)
+
+
+def test_every_stage_option_is_checked_before_any_stage_runs(tmp_path, capsys, monkeypatch,
+                                                            autocompress_home):
+    """A bad setting of a late stage stops `run`, `bench compare` and bench/targets.py in one
+    line, before Prefect starts (its home is made first) or any stage publishes an artifact."""
+    prefect_home = tmp_path / "prefect"
+    monkeypatch.setenv("PREFECT_HOME", str(prefect_home))
+    monkeypatch.delenv("AUTOCOMPRESS_STORE", raising=False)
+    bad = {'{"search": {"timing_drift": 0.7}}': "invalid search options: timing_drift: Input "
+                                                "should be less than 0.5 (got 0.7)",
+           '{"serch": {"timing_drift": 0.1}}': "no stage 'serch' takes options",
+           '{"search": {"dnas": {"stepz": 3}}}': "search options: dnas.stepz: Extra inputs",
+           '{"verify": {"repeat": 3}}': "verify options: repeat: Extra inputs",
+           '{"distill": {"tokens": 0}}': "distill options: tokens: Input should be greater",
+           '{"validation": {"noise_retry": {"rounds": -1}}}': "noise_retry.rounds"}
+    runs = [["run", "--budget-fraction", "0.5", "--options", text] for text in bad]
+    runs.append(["bench", "compare", "--options", '{"search": {"timing_drift": 0.7}}'])
+    for args, expected in zip(runs, [*bad.values(), "search options: timing_drift"],
+                              strict=True):
+        code, err = cli(capsys, monkeypatch, *args)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 2, (args, err)
+        assert lines[0].startswith("error: ") and expected in lines[0], (args, err)
+        assert lines[1].startswith("hint: "), (args, err)
+    from bench.targets import main as targets_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        targets_main(["pareto", "--out", str(tmp_path / "out"),
+                      "--options", '{"verify": {"repeats": 0}}'])
+    assert exit_info.value.code == 2 and "verify options: repeats" in capsys.readouterr().err
+    assert not prefect_home.exists() and not (autocompress_home / "artifacts").exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_valid_stage_options_pass_and_the_flows_check_them_too():
+    from autocompress.errors import AutoCompressError
+    from autocompress.stage_options import STAGE_CONFIGS, check_options
+    from bench.targets import OPTIONS
+    from flows.compress import seeded
+
+    every = {"costmodel": {"workloads": ["interactive-cpu"], "n_probes": 8, "paired": False},
+             "validation": {"n": 6, "max_mape": 40, "noise_retry": {"rounds": 1}},
+             "importance": {"batch_size": 4, "criterion": "taylor"},
+             "search": {"timing_drift": 0.05, "dnas": {"steps": 3}, "selection": {"top_k": 2}},
+             "distill": {"lr": 5e-4, "bf16": False},  # tokens: the stage's default
+             "verify": {"repeats": 3, "threads": 1}}
+    assert set(every) == set(STAGE_CONFIGS)
+    for valid in (every, OPTIONS, {}):
+        assert check_options(valid) == valid
+    assert seeded(every, 3)["distill"] == {"seed": 3, "lr": 5e-4, "bf16": False}
+    # A flow started without the CLI (a deployment, a sweep) refuses it before its stages.
+    with pytest.raises(AutoCompressError, match="search options: timing_drift"):
+        seeded({"search": {"timing_drift": 0.7}}, 0)

@@ -7,7 +7,6 @@ Prefect is imported only inside the command, so the library stays Prefect-free.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -92,12 +91,15 @@ def run(
     if method not in METHODS:  # before Prefect starts: one line, exit 2
         raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
     fractions = many_targets_mode(target, budgets, budget_fraction, limits, method, baseline)
+    from autocompress.stage_options import parse_options
+
+    stage_options = parse_options(options)  # every stage's settings, before any stage runs
     _prepare_environment()
     if refresh_cache:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
     common = dict(teacher=teacher, workload=workload, seed=seed, eval_tasks=eval_tasks,
                   eval_limit=eval_limit, store=store, experiment=experiment,
-                  track=not no_track, options=_options(options))
+                  track=not no_track, options=stage_options)
     if fractions is not None or len(target) > 1:
         from flows.targets import compress_joint, pareto
 
@@ -113,7 +115,7 @@ def run(
                       budget_fraction=budget_fraction, baseline=baseline, method=method,
                       seed=seed, eval_tasks=eval_tasks, eval_limit=eval_limit,
                       register_as=None if no_register else register_as, store=store,
-                      experiment=experiment, track=not no_track, options=_options(options))
+                      experiment=experiment, track=not no_track, options=stage_options)
     print_report(report, time.perf_counter() - started)
 
 
@@ -157,26 +159,6 @@ def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: 
         raise AutoCompressError("give --budgets or --budget-fraction, not both",
                                 "--budgets 0.3,0.5,0.7 already sets each member's limit")
     return parse_budgets(budgets)
-
-
-def _options(text: str | None) -> dict[str, Any]:
-    """``--options``: inline JSON or ``@path`` to a JSON file."""
-    if not text:
-        return {}
-    try:
-        if text.startswith("@"):
-            from pathlib import Path
-
-            text = Path(text[1:]).read_text()
-        data = json.loads(text)
-    except (OSError, ValueError) as err:
-        raise AutoCompressError(f"cannot read --options: {err}",
-                                'pass JSON like \'{"validation": {"n": 6}}\' or @file.json'
-                                ) from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise AutoCompressError("--options must map stage names to objects",
-                                'e.g. \'{"costmodel": {"n_probes": 8}}\'')
-    return data
 
 
 def _prepare_environment() -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from autocompress.costmodel.validate import ValidationReport
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 class NoiseRetry(BaseModel):
     """When a failed gate may be the machine's fault, and how hard to try again."""
 
+    model_config = ConfigDict(extra="forbid")
     max_spread: float = Field(0.08, description="relative IQR above which a timing is noisy")
     rounds: int = Field(2, ge=0, description="extra measuring rounds at most")
     repeats_factor: int = Field(2, ge=1, description="repeats multiply by this each round")
