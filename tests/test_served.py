@@ -85,7 +85,8 @@ def run_cli(argv: list[str], env: dict[str, str], timeout: float = 240) -> str:
 def served_spec(tmp: Path) -> Path:
     """prefect.yaml with the triggered deployment pointed at the quick `smoke` flow.
 
-    The trigger (event, match, parameters) and the cron schedule are the file's own.
+    The trigger (event, match, parameters) and the cron schedule are the file's own (the
+    schedule paused).
     Deployments the test does not start are left out (fewer entrypoints to load).
     """
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
@@ -95,6 +96,9 @@ def served_spec(tmp: Path) -> Path:
             dep["entrypoint"] = "flows.smoke.smoke"
             dep["parameters"] = {"placement": {"accelerated": "accelerator"},
                                  "register_as": RESULT_NAME, "experiment": EXPERIMENT}
+        if dep["name"] == "nightly-cpu":  # served, but paused: a test that runs across its
+            for schedule in dep["schedules"]:  # hour must not start a compression on the
+                schedule["active"] = False  # test's cpu worker
         if dep["name"] in ("nightly-cpu", "on-new-teacher", "cpu", "accelerator"):
             keep.append(dep)
     spec["deployments"] = keep
@@ -204,13 +208,13 @@ def test_served_event_retry_distributed_and_uis(served):
     env = served["env"]
     tmp = served["tmp"]
 
-    # 1. The cron schedule is on the served deployment.
+    # 1. The cron schedule is on the served deployment (paused by served_spec).
     deployments = {d["name"]: d for d in api(base, "/deployments/filter", {})}
     expected = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"][0]
     assert expected["name"] == "nightly-cpu"
     crons = [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"])
              for s in deployments["nightly-cpu"]["schedules"]]
-    assert crons == [(expected["schedules"][0]["cron"], "UTC", True)]
+    assert crons == [(expected["schedules"][0]["cron"], "UTC", False)]
 
     # 2. Registering a teacher emits the event; the trigger starts a flow run.
     from autocompress.modeling.tiny import tiny_model
