@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 
 import typer
 
@@ -56,10 +57,16 @@ def main() -> None:
     # Not HF_HUB_OFFLINE: a hub id (org/name) given by the user is fetched where a
     # network exists; named teachers and local directories never touch the hub.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    report_errors(app)
+
+
+def report_errors(entry: Callable[[], object]) -> None:
+    """Run ``entry`` (the app, or a bench script's ``main``); a user error becomes one
+    line with its hint and exit code 2."""
     from pydantic import ValidationError
 
     try:
-        app()
+        entry()
     except ValidationError as err:  # a value the options let through but a config refused
         _report(invalid_input(err, f"{err.title} settings"))
     except AutoCompressError as err:

@@ -348,4 +348,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from autocompress.cli import report_errors
+
+    report_errors(main)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -132,17 +131,6 @@ def _options(args) -> dict[str, dict[str, Any]]:
     extra = parse_options(args.options)
     return check_options({stage: {**OPTIONS.get(stage, {}), **extra.get(stage, {})}
                           for stage in {*OPTIONS, *extra}})
-
-
-def _check_options(args) -> None:
-    """A bad ``--options`` stops the script here in two lines (exit 2), before any flow."""
-    from autocompress.errors import AutoCompressError
-
-    try:
-        _options(args)
-    except AutoCompressError as err:
-        print(f"error: {err.message}\nhint: {err.hint}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 # ------------------------------------------------------------------ matrix
@@ -748,7 +736,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = build_parser().parse_args(argv)
     if args.command != "report":
-        _check_options(args)
+        _options(args)  # a bad --options stops the script here, before any flow
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.command == "matrix":
@@ -766,4 +754,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from autocompress.cli import report_errors
+
+    report_errors(main)
