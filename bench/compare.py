@@ -286,11 +286,14 @@ def print_table(data: dict) -> None:
     print("\n".join(analysis_text(data)))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--teacher", default="default", help="Teacher dir or `default`.")
-    p.add_argument("--target", default="cpu-local/hf-eager/fp32")
-    p.add_argument("--presets", nargs="+", default=list(PRESETS))
+    p.add_argument("--target", default="cpu-local/hf-eager/fp32",
+                   help="Deployment target every method is measured on (`autocompress "
+                   "costmodel targets` lists them).")
+    p.add_argument("--presets", nargs="+", default=list(PRESETS),
+                   help=f"Workload presets, one cell each (default: {' '.join(PRESETS)}).")
     p.add_argument("--budgets", nargs="+", type=float, default=[0.6, 0.4],
                    help="Fractions of the teacher's predicted main-metric cost.")
     p.add_argument("--methods", nargs="+", default=list(METHODS),
@@ -302,17 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation-seeds", nargs="+", type=int, default=None,
                    help="Seeds of the ablations (greedy, random) when fewer are affordable "
                    "than for the search and the baseline (default: --seeds).")
-    p.add_argument("--distill-tokens", type=int, default=100_000)
+    p.add_argument("--distill-tokens", type=int, default=100_000,
+                   help="Distillation tokens per compressed model (the same for every method).")
     p.add_argument("--tight-distill-tokens", type=int, default=None,
                    help="Distillation tokens at the tightest budget (e.g. 1000000); "
                    "default: --distill-tokens.")
     p.add_argument("--reduced", action="store_true",
                    help="Label the results as a reduced comparison (fewer cells or seeds).")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="Distillation learning rate.")
     p.add_argument("--eval-limit", type=int, default=0,
                    help="Items per benchmark task (0 = all of them).")
-    p.add_argument("--search-steps", type=int, default=160)
-    p.add_argument("--verify-repeats", type=int, default=5)
+    p.add_argument("--search-steps", type=int, default=160, help="DNAS steps of the search.")
+    p.add_argument("--verify-repeats", type=int, default=5,
+                   help="Timing repeats of the final check of each model on the target.")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the search "
                    "(timing uses the cost model's own count)")
     p.add_argument("--options", default=None, help="More per-stage settings as JSON, merged "
@@ -322,13 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "$AUTOCOMPRESS_STORE or $AUTOCOMPRESS_HOME/artifacts).")
     p.add_argument("--experiment", default="autocompress-compare", help="MLflow experiment.")
     p.add_argument("--no-track", action="store_true", help="Do not log to MLflow.")
-    p.add_argument("--json", default=str(RESULTS / "compare.json"))
+    p.add_argument("--json", default=str(RESULTS / "compare.json"),
+                   help="Where to write the results (every method x seed x cell, per-item scores).")
     p.add_argument("--report", action="store_true", help="Write results/report.md + PNGs too.")
     return p
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    args = build_parser(prog).parse_args(argv)
     if args.eval_limit == 0:
         args.eval_limit = None
     t0 = time.perf_counter()

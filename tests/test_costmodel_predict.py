@@ -175,6 +175,10 @@ def test_cli_predict_json_and_presets(configs):
     presets = json.loads(result.output)
     assert {"local-coding", "datacenter", "interactive", "local-coding-cpu", "datacenter-cpu",
             "interactive-cpu"} <= set(presets)
+    rows = json.loads(runner.invoke(app, ["costmodel", "targets", "--json"]).output)
+    measurable = {r["target"] for r in rows if r["measurable"]}
+    assert "cpu-local/llama.cpp/q4_0" in measurable and "cpu-local/hf-eager/fp32" in measurable
+    assert "h100-sxm/vllm/bf16" in {r["target"] for r in rows} - measurable
     result = runner.invoke(app, ["costmodel", "predict", "--model", str(configs["70b"]),
                                  "--target", "rtx-5070/vllm/bf16", "--workload", "interactive"])
     assert result.exit_code == 0 and "does not fit" in result.output

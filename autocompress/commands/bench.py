@@ -15,8 +15,10 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
     bench = typer.Typer(help="AutoCompress vs Minitron comparison, report and README table.",
                         no_args_is_help=True)
-    bench.command("compare", context_settings={"allow_extra_args": True,
-                                               "ignore_unknown_options": True})(compare_command)
+    # bench/compare.py parses its own options, --help included.
+    bench.command("compare", add_help_option=False,
+                  context_settings={"allow_extra_args": True,
+                                    "ignore_unknown_options": True})(compare_command)
     bench.command("report")(report_command)
     bench.command("readme-table")(readme_table_command)
     app.add_typer(bench, name="bench")
@@ -39,14 +41,12 @@ def _compare_module():
 def compare_command(ctx: typer.Context) -> None:
     """Run AutoCompress and the matched Minitron baseline on the CPU presets.
 
-    Each preset x budget x method is one run of the `compress` Prefect flow (through
-    the `sweep` flow), so a re-run reuses every finished stage. Options are those of
-    bench/compare.py (see `autocompress bench compare --help`): --presets, --budgets
-    (fractions of the teacher's predicted main-metric cost, default 0.6 0.4),
-    --distill-tokens, --eval-limit, --search-steps, --seed, --options, --report.
-    Writes results/compare.json.
+    Each preset x budget x method x seed is one run of the `compress` Prefect flow
+    (through the `sweep` flow), so a re-run reuses every finished stage. The options
+    are bench/compare.py's (`autocompress bench compare --help` lists them). Writes
+    results/compare.json.
     """
-    _compare_module().main(list(ctx.args))
+    _compare_module().main(list(ctx.args), prog="autocompress bench compare")
 
 
 def _load(json_paths: list[Path]) -> dict:

@@ -132,6 +132,30 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print JSON inste
         console.print(f"[bold]{w.name}[/bold]: {w.description}")
 
 
+@costmodel_app.command("targets")
+def targets(as_json: bool = typer.Option(False, "--json", help="Print JSON instead.")) -> None:
+    """List every target (hardware/engine/dtype): measured here or analytic, fitted or not."""
+    from autocompress.costmodel.model import default_path
+    from autocompress.costmodel.target import Target, known_targets
+
+    rows = []
+    for name in known_targets():
+        target = Target.parse(name)
+        rows.append({"target": name, "measurable": target.measurable,
+                     "cost_model": "fitted" if default_path(target).exists() else "analytic"})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="targets (HARDWARE/ENGINE/DTYPE)")
+    for column in ("target", "timed on this machine", "cost model"):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(row["target"], "yes" if row["measurable"] else "no (spec sheet)",
+                      row["cost_model"])
+    console.print(table)
+    console.print("`autocompress costmodel fit --target T` fits a measurable target's model.")
+
+
 def _cost_model(target_text: str, tp: int, cost_model: Path | None, threads: int = 1):
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
