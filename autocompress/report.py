@@ -338,6 +338,7 @@ def verdicts(data: dict) -> list[dict[str, Any]]:
     means as independent, the old and looser reading).
     """
     base = baseline_of(data)
+    teacher = data.get("teacher", {}).get("scores", {})
     out = []
     for run in data.get("runs", []):
         methods = methods_of(run)
@@ -363,8 +364,47 @@ def verdicts(data: dict) -> list[dict[str, Any]]:
                               and (mc is None or mc["low"] > 0)),
                 "both_verified": bool(a["verified"] == a["verify_runs"] > 0
                                       and b["verified"] == b["verify_runs"] > 0),
+                **teacher_headroom(teacher, a, b),
             })
     return out
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole or whole <= 0 else part / whole
+
+
+def teacher_headroom(teacher: dict, a: dict, b: dict) -> dict[str, float | None]:
+    """How far the baseline ``b`` is below the teacher, and what share of that gap ``a``
+    closes, in MC points and in held-out loss. A distilled student rarely passes its
+    teacher, so a bar near or above the teacher's own lead cannot be met by any method."""
+    headroom = _diff(teacher, b, "mc_mean")
+    loss_headroom = (None if b.get("loss_distilled") is None
+                     or teacher.get("heldout_loss_fixed") is None
+                     else b["loss_distilled"] - teacher["heldout_loss_fixed"])
+    loss_gain = _diff(b, a, "loss_distilled")
+    return {"teacher_headroom": headroom,
+            "gap_closed": _share(_diff(a, b, "mc_mean"), headroom),
+            "bar_share": _share(WIN_MARGIN, headroom),
+            "loss_headroom": loss_headroom, "loss_gap_closed": _share(loss_gain, loss_headroom)}
+
+
+def _headroom_text(v: dict) -> str:
+    headroom = v.get("teacher_headroom")
+    if headroom is None:
+        return ""
+    if headroom <= WIN_MARGIN:
+        text = (f" The teacher itself is only {100 * headroom:+.1f} points above "
+                f"{method_label(v['baseline'])} on these items: the bar asks for more than the "
+                "teacher's own lead.")
+    else:
+        text = (f" The teacher is {100 * headroom:+.1f} points above "
+                f"{method_label(v['baseline'])} on these items, so the bar asks for "
+                f"{v['bar_share']:.0%} of that gap; {method_label(v['method'])} closes "
+                f"{v['gap_closed']:.0%} of it.")
+    if v.get("loss_gap_closed") is not None:
+        text += (f" Of the baseline's {v['loss_headroom']:.3f} nats of held-out loss above the "
+                 f"teacher it closes {v['loss_gap_closed']:.0%}.")
+    return text
 
 
 def compute_seconds(data: dict) -> float:
@@ -418,7 +458,8 @@ def _verdict_line(v: dict) -> str:
                  f" Held-out loss Δ {_num(v['loss_delta_pruned'], '+.3f')} after pruning, "
                  f"{_num(v['loss_delta_distilled'], '+.3f')} after distillation.")
     return (head + f"MC mean Δ = {stat}: {method_label(v['method'])} {who}; it {bar} the "
-            f"≥ 2-point bar with the interval above zero.{task_part}{loss_part} All verified "
+            f"≥ 2-point bar with the interval above zero.{_headroom_text(v)}{task_part}"
+            f"{loss_part} All verified "
             f"on target: {'yes' if v['both_verified'] else 'no'}.")
 
 

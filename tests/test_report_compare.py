@@ -108,6 +108,20 @@ def test_verdict_follows_the_numbers(minitron_wins):
     assert ("does **not** in" in text) is minitron_wins
 
 
+def test_the_verdict_says_how_much_of_the_teachers_lead_the_bar_asks_for():
+    """Teacher 0.50, Minitron 0.40, AutoCompress 0.45 (held-out 4.0 / 4.6 / 4.5 nats)."""
+    v = report.verdicts(_synthetic(minitron_wins=False))[0]
+    assert v["teacher_headroom"] == pytest.approx(0.10)
+    assert v["bar_share"] == pytest.approx(0.2) and v["gap_closed"] == pytest.approx(0.5)
+    assert v["loss_headroom"] == pytest.approx(0.6) and v["loss_gap_closed"] == pytest.approx(1 / 6)
+    text = "\n".join(report.analysis_text(_synthetic(minitron_wins=False)))
+    assert "bar asks for 20% of that gap; AutoCompress closes 50%" in text
+    data = _synthetic(minitron_wins=False)
+    data["teacher"]["scores"]["mc_mean"] = 0.41  # the teacher barely ahead of the baseline
+    assert "the bar asks for more than the teacher's own lead" in "\n".join(
+        report.analysis_text(data))
+
+
 def test_write_report_makes_markdown_and_plots(tmp_path):
     path = report.write_report(_synthetic(minitron_wins=True), tmp_path)
     text = path.read_text()
