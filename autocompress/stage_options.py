@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from autocompress.distill import DEFAULT_TOKENS, DistillConfig
 from autocompress.errors import AutoCompressError
+from autocompress.evaluation.suite import EvalConfig
 from autocompress.importance import CalibrationConfig
 from autocompress.search.run import SearchConfig
 from autocompress.stage_config import FitOptions, ValidationOptions, VerifyOptions, stage_config
@@ -60,3 +61,13 @@ def parse_options(text: str | None) -> dict[str, dict[str, Any]]:
         raise AutoCompressError(f"cannot read --options: {err}",
                                 f"pass JSON like {EXAMPLE} or @file.json") from None
     return check_options(data)
+
+
+def check_eval_config(config: Any) -> dict[str, Any]:
+    """The flows' ``eval_config`` (the benchmark suite's sizes) checked as the evaluate
+    stage will read it; a copy of it."""
+    if config is not None and not isinstance(config, dict):
+        raise AutoCompressError("eval_config must be an object of the suite's settings",
+                                f"it takes {', '.join(EvalConfig.model_fields)}")
+    stage_config("evaluate", EvalConfig, config)
+    return dict(config or {})

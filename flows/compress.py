@@ -24,7 +24,7 @@ from prefect import flow
 
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
-from autocompress.stage_options import STAGE_CONFIGS, check_options
+from autocompress.stage_options import STAGE_CONFIGS, check_eval_config, check_options
 from autocompress.tracking import Lineage
 from flows.common import (
     FlowReport,
@@ -244,6 +244,7 @@ def compress(
                                 "give a limit (e.g. --max-tpot-ms 3) or --budget-fraction 0.6")
     steps = steps_for(method)
     options = seeded(options, seed)
+    eval_config = check_eval_config(eval_config)
     params = {"teacher": teacher, "target": target, "workload": workload,
               "limits": limits.model_dump(exclude_none=True),
               "budget_fraction": budget_fraction, "baseline": baseline, "method": method,
@@ -257,7 +258,7 @@ def compress(
             "limits": limits,
             "teacher_dir": resolve_model_dir(teacher),
             "corpus_dir": Path(corpus_dir) if corpus_dir else default_corpus_dir(),
-            "eval_config": eval_config or {},
+            "eval_config": eval_config,
             "machine": this_machine(),
             # options["<stage>"] reaches that stage as its `options` input.
             **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS},

@@ -190,3 +190,21 @@ def test_valid_stage_options_pass_and_the_flows_check_them_too():
     # A flow started without the CLI (a deployment, a sweep) refuses it before its stages.
     with pytest.raises(AutoCompressError, match="search options: timing_drift"):
         seeded({"search": {"timing_drift": 0.7}}, 0)
+
+
+def test_a_bad_eval_config_stops_the_flow_before_any_stage(tmp_path, monkeypatch,
+                                                           autocompress_home):
+    """The suite's sizes are checked when the flow starts, not at its evaluate stage."""
+    from autocompress.errors import AutoCompressError
+    from autocompress.stage_options import check_eval_config
+    from flows.compress import compress
+
+    assert check_eval_config({"num_items": 20}) == {"num_items": 20}
+    assert check_eval_config(None) == {}
+    monkeypatch.delenv("AUTOCOMPRESS_STORE", raising=False)
+    for bad, expected in (({"num_itemz": 20}, "evaluate options: num_itemz: Extra inputs"),
+                          ({"num_items": 0}, "evaluate options: num_items"),
+                          ([20], "eval_config must be an object")):
+        with pytest.raises(AutoCompressError, match=expected):
+            compress.fn(budget_fraction=0.5, eval_config=bad, track=False)
+    assert not (autocompress_home / "artifacts").exists()

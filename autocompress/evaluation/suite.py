@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
@@ -51,6 +51,8 @@ _LM_EVAL_PREFIX = "autocompress_"  # lm-eval names of our local tasks
 
 class EvalConfig(BaseModel):
     """Sizes of the suite. Defaults keep the default teacher's run within minutes on 2 CPU cores."""
+
+    model_config = ConfigDict(extra="forbid")
 
     num_items: int = Field(300, ge=1, description="items per local multiple-choice task")
     seed: int = 0
