@@ -265,6 +265,9 @@ def test_cells_of_several_files_share_one_table_and_a_clash_is_refused(tmp_path)
         run["preset"] = "local-coding-cpu"
     first["settings"]["presets"] = ["interactive-cpu"]
     second["settings"].update(seeds=[0], presets=["local-coding-cpu"])
+    for data, tokens in ((first, 1_000_000), (second, 200_000)):
+        for run in data["runs"]:
+            run["distill_tokens"] = tokens
     paths = []
     for name, data in (("a.json", first), ("b.json", second)):
         paths.append(tmp_path / name)
@@ -274,6 +277,10 @@ def test_cells_of_several_files_share_one_table_and_a_clash_is_refused(tmp_path)
     result = CliRunner().invoke(_cli_app(), args)
     assert result.exit_code == 0, result.output
     assert "interactive-cpu" in result.output and "local-coding-cpu" in result.output
+    # each cell's own distillation budget, not the first file's settings
+    assert ("distillation 1,000,000 tokens per model in interactive-cpu @ 60%, "
+            "interactive-cpu @ 40%; 200,000 tokens per model in local-coding-cpu @ 60%, "
+            "local-coding-cpu @ 40%") in result.output
     merged = report.merge_compares([first, second])
     assert [r["settings"]["seeds"] for r in merged["runs"]] == [[0, 1]] * 2 + [[0]] * 2
     assert merged["settings"]["presets"] == ["interactive-cpu", "local-coding-cpu"]
