@@ -65,6 +65,7 @@ class CompressConfig(BaseModel):
     verify: bool = True
     verify_repeats: int = Field(9, ge=1)
     verify_warmup: int = Field(1, ge=0)
+    verify_sessions: int = Field(3, ge=1, description="timing sessions pooled by verify")
 
 
 class CompressResult(BaseModel):
@@ -157,7 +158,7 @@ def compress(
     if config.verify:
         verification = verify(out, ctx.cost_model.target, ctx.workload, found.limits,
                               repeats=config.verify_repeats, warmup=config.verify_warmup,
-                              cost_model=ctx.cost_model)
+                              cost_model=ctx.cost_model, sessions=config.verify_sessions)
     return CompressResult(out_dir=out, search=found, distill=distilled, evaluation=evaluation,
                           verification=verification)
 

@@ -67,6 +67,8 @@ class VerifyOptions(BaseModel):
     warmup: int = Field(1, ge=0)
     threads: int | None = Field(None, ge=1, description="default: the cost model's count")
     seed: int = 0
+    sessions: int = Field(3, ge=1, description="timing sessions pooled (median of each "
+                          "metric): one session on a shared host can read 5-18% off")
 
 
 def stage_config(stage: str, config: type[Config], options: dict[str, Any] | None,
