@@ -111,8 +111,8 @@ class SpecTimer:
     candidates near a budget, the one whose timing met it is likely one that read low (a
     winner's curse). A timing taken *after* the choice carries no such bias, so a pick
     must meet its budgets in both, and the second stands for the architecture from then
-    on (the closed loop and the reports read it). It does not remove the larger,
-    systematic gap of heterogeneous picks (docs/measurement-history.md)."""
+    on (the closed loop and the reports read it). It does not remove the larger spread
+    between timing sessions on a shared host (5-18%; docs/measurement-history.md)."""
 
     def __init__(self, measure: Callable[[ArchSpec], tuple[dict[str, float], dict[str, float]]]):
         self._measure = measure
