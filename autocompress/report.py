@@ -5,8 +5,9 @@ Everything here reads the JSON written by ``bench/compare.py``
 README table can always be regenerated from the numbers, never typed by hand.
 
 - ``readme_table(data)``: the Markdown results table;
-- ``replace_between_markers(text, table)``: put it between
-  ``<!-- results:start -->`` and ``<!-- results:end -->`` (None if absent);
+- ``replace_between_markers(text, table, block)``: put it between
+  ``<!-- results:start -->`` and ``<!-- results:end -->`` (or another block's markers,
+  e.g. ``<!-- results-smollm2:start -->`` for a second teacher or target; None if absent);
 - ``write_report(data, out_dir)``: ``report.md`` + PNGs (accuracy vs measured
   TPOT / throughput / memory; per-layer architecture heatmaps; cost-model
   predicted vs measured for every final model).
@@ -35,7 +36,13 @@ from typing import Any
 from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
 
-START, END = "<!-- results:start -->", "<!-- results:end -->"
+DEFAULT_BLOCK = "results"
+
+
+def markers(block: str = DEFAULT_BLOCK) -> tuple[str, str]:
+    """The comment pair around a README block: one table per teacher and target, since
+    comparisons of different teachers or targets are not merged into one table."""
+    return f"<!-- {block}:start -->", f"<!-- {block}:end -->"
 METHOD_LABELS = {"autocompress": "AutoCompress", "minitron": "Minitron",
                  "greedy": "greedy (no DNAS)", "random": "random search"}
 METHOD_COLORS = {"teacher": "black", "autocompress": "tab:red", "minitron": "tab:blue",
@@ -325,18 +332,20 @@ def readme_table(data: dict) -> str:
     return "\n".join(lines) + "\n" + note + "\n"
 
 
-def replace_between_markers(text: str, table: str) -> str | None:
-    """``text`` with the part between the results markers replaced; None if absent."""
-    start, end = text.find(START), text.find(END)
+def replace_between_markers(text: str, table: str,
+                            block: str = DEFAULT_BLOCK) -> str | None:
+    """``text`` with the part between ``block``'s markers replaced; None if absent."""
+    open_mark, close_mark = markers(block)
+    start, end = text.find(open_mark), text.find(close_mark)
     if start < 0 or end < 0 or end < start:
         return None
-    return text[: start + len(START)] + "\n" + table + text[end:]
+    return text[: start + len(open_mark)] + "\n" + table + text[end:]
 
 
-def update_readme(readme: str | Path, data: dict) -> bool:
-    """Rewrite the table in ``readme`` atomically; False (untouched) if no markers."""
+def update_readme(readme: str | Path, data: dict, block: str = DEFAULT_BLOCK) -> bool:
+    """Rewrite ``block``'s table in ``readme`` atomically; False (untouched) if no markers."""
     readme = Path(readme)
-    new = replace_between_markers(readme.read_text(), readme_table(data))
+    new = replace_between_markers(readme.read_text(), readme_table(data), block)
     if new is None:
         return False
     write_text_atomic(readme, new)

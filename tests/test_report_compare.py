@@ -156,6 +156,14 @@ def test_replace_between_markers_keeps_the_rest():
         "<!-- results:end --> then <!-- results:start -->", "x") is None
 
 
+def test_a_named_block_leaves_the_other_tables_alone():
+    text = README + "<!-- results-smollm2:start -->\nsmol table\n<!-- results-smollm2:end -->\n"
+    new = report.replace_between_markers(text, "| smol |\n", block="results-smollm2")
+    assert "old table" in new and "smol table" not in new
+    assert new.endswith("<!-- results-smollm2:start -->\n| smol |\n<!-- results-smollm2:end -->\n")
+    assert report.replace_between_markers(README, "x", block="results-smollm2") is None
+
+
 def _cli_app() -> typer.Typer:
     from autocompress.commands import bench
 
@@ -177,6 +185,14 @@ def test_readme_table_command_updates_between_markers(tmp_path):
     assert "tpot_ms ≤ 4" in text  # the 40% run's limit, from the JSON
     assert "AutoCompress" in text and text.endswith("<!-- results:end -->\n\nrest\n")
     assert not list(tmp_path.glob(".README.md.*"))  # no temp file left behind
+    # A second teacher's or target's table lives in its own block, untouched by the first.
+    readme.write_text(README + "<!-- results-smollm2:start -->\nx\n<!-- results-smollm2:end -->\n")
+    result = CliRunner().invoke(_cli_app(), ["bench", "readme-table", "--json", str(data_path),
+                                             "--readme", str(readme), "--block", "results-smollm2"])
+    assert result.exit_code == 0, result.output
+    text = readme.read_text()
+    assert "old table" in text and text.count("| teacher |") == 1
+    assert text.index("| teacher |") > text.index("<!-- results-smollm2:start -->")
 
 
 def test_readme_table_command_prints_without_markers(tmp_path):

@@ -80,18 +80,23 @@ def readme_table_command(
     json_paths: list[Path] = typer.Option([DEFAULT_JSON], "--json", help="compare.json to "
                                           "read; repeatable, as for `bench report`."),
     readme: Path = typer.Option(REPO / "README.md", "--readme",
-                                help="README whose <!-- results:start/end --> block to replace."),
+                                help="README whose <!-- BLOCK:start/end --> block to replace."),
+    block: str = typer.Option("results", "--block", help="Name of the README block: "
+                              "`results` (the bundled teacher's table) or another, e.g. "
+                              "`results-smollm2`, for a comparison of another teacher or "
+                              "target (those are not merged into one table)."),
 ) -> None:
-    """Regenerate the README results table from results/compare.json.
+    """Regenerate a README results table from results/compare.json.
 
-    Replaces only the text between `<!-- results:start -->` and `<!-- results:end -->`;
+    Replaces only the text between `<!-- BLOCK:start -->` and `<!-- BLOCK:end -->`;
     if the README or the markers are missing, prints the table instead.
     """
-    from autocompress.report import readme_table, update_readme
+    from autocompress.report import markers, readme_table, update_readme
 
     data = _load(json_paths)
-    if readme.exists() and update_readme(readme, data):
-        typer.echo(f"updated the results table in {readme}")
+    if readme.exists() and update_readme(readme, data, block):
+        typer.echo(f"updated the {block} table in {readme}")
     else:
         typer.echo(readme_table(data))
-        typer.echo(f"({readme} has no results markers; printed the table instead)", err=True)
+        typer.echo(f"({readme} has no {' / '.join(markers(block))} markers; printed the "
+                   "table instead)", err=True)
