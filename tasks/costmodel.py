@@ -81,7 +81,7 @@ def fit_costmodel(ctx: StageContext, target: str, teacher: ArtifactRef, profile:
         model, rows = fit_cost_model(parsed, _teacher_config(ctx, teacher), workloads=workloads,
                                      n_probes=opts.n_probes, repeats=opts.repeats,
                                      warmup=opts.warmup, seed=opts.seed, paired=opts.paired,
-                                     progress=False)
+                                     progress=True)
         if model.fit is not None:
             metrics = {f"train_mape.{k}": float(v) for k, v in model.fit.train_mape.items()}
             metrics["fit_seconds"] = float(model.fit.seconds)
@@ -118,7 +118,7 @@ def validate_costmodel(ctx: StageContext, costmodel: ArtifactRef, teacher: Artif
 
     def measure(repeats: int):
         return validate_cost_model(model, config, workloads, n=opts.n, repeats=repeats,
-                                   warmup=opts.warmup, seed=opts.seed, progress=False)
+                                   warmup=opts.warmup, seed=opts.seed, progress=True)
 
     # A gate failed on a busy machine is measured again (bounded) before it counts.
     report, failures = judge_with_retries(measure, lambda r: _gate_failures(r, opts),

@@ -28,7 +28,7 @@ def score_importance(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRe
                          importance_sizes(teacher.metrics.get("params")))
     ctx.log_params({"calibration": calib.model_dump(exclude={"corpus_dir"})})
     path = ctx.scratch() / "importance.safetensors"
-    scores = importance_for_checkpoint(ctx.fetch(teacher), calib, out_path=path, progress=False)
+    scores = importance_for_checkpoint(ctx.fetch(teacher), calib, out_path=path, progress=True)
     metrics = {"base_loss": float(scores.base_loss), "num_tokens": float(scores.num_tokens)}
     return ctx.publish(path, "importance", metrics=metrics)
 

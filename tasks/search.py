@@ -32,7 +32,7 @@ def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
     search_ctx = SearchContext.build(
         str(ctx.fetch(teacher)), target, workload, config=config,
         importance=ctx.fetch(importance), corpus_dir=ctx.working_copy(corpus),
-        cost_model=CostModel.load(ctx.fetch(costmodel)), progress=False)
+        cost_model=CostModel.load(ctx.fetch(costmodel)), progress=True)
     return search_ctx, config
 
 
@@ -65,7 +65,7 @@ def search_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
     out_dir = ctx.scratch() / "arch"
     out_dir.mkdir()
     report = search_to_file(search_ctx, limits, out_dir / "arch.json", config,
-                            work_dir=ctx.checkpoint_dir() / "dnas", progress=False)
+                            work_dir=ctx.checkpoint_dir() / "dnas", progress=True)
     for png in Path(out_dir).glob("*.png"):
         ctx.log_file(png)
     return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
@@ -85,7 +85,8 @@ def ablation_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                                   workload, options)
     out_dir = ctx.scratch() / "arch"
     out_dir.mkdir()
-    report = method_to_file(search_ctx, method, limits, out_dir / "arch.json", config)
+    report = method_to_file(search_ctx, method, limits, out_dir / "arch.json", config,
+                            progress=True)
     return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
                        meta={"method": method})
 
@@ -101,7 +102,8 @@ def minitron_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                                   workload, options)
     out_dir = ctx.scratch() / "arch"
     out_dir.mkdir()
-    report = minitron_to_file(search_ctx, out_dir / "arch.json", limits=limits, config=config)
+    report = minitron_to_file(search_ctx, out_dir / "arch.json", limits=limits, config=config,
+                              progress=True)
     return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
                        meta={"method": "minitron"})
 
