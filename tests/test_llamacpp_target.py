@@ -118,6 +118,21 @@ def test_measure_fit_and_verify_in_the_engine(tmp_path):
         verify(path, Target.parse("cpu-local/llama.cpp/f32"), TINY, Limits(), repeats=1)
 
 
+def test_the_reference_gguf_is_written_once_per_spec_and_type():
+    """Every timing against one fit pairs with the same reference file (fixed weights)."""
+    from autocompress.costmodel.measure_llamacpp import reference_gguf
+    from autocompress.modeling.loading import arch_spec_of
+
+    spec = arch_spec_of(_base_config())
+    first = reference_gguf(spec, "q8_0")
+    assert first.exists() and first.stat().st_size > 0
+    assert reference_gguf(spec.model_dump(mode="json"), "q8_0") == first  # as a fit stores it
+    other = reference_gguf(spec, "f32")
+    assert other != first and other.stat().st_size > first.stat().st_size
+    first.unlink()  # removed behind its back: written again, not a dangling path
+    assert reference_gguf(spec, "q8_0").exists()
+
+
 def test_engine_greedy_tokens_do_not_depend_on_the_batch(tmp_path):
     """Two sequences in one decode call give each the tokens it gets alone."""
     from autocompress.costmodel.measure_llamacpp import open_session

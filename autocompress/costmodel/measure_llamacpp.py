@@ -48,10 +48,12 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
+from autocompress.arch import ArchSpec
 from autocompress.costmodel.measure import (
     Measurement,
     RunTimes,
     _Samples,
+    timing_reference,
 )
 from autocompress.costmodel.workload import Workload
 from autocompress.hardware import RobustStat
@@ -324,24 +326,44 @@ def measure_models_llamacpp(
                                  reference_params=params, **kwargs)
 
 
+_REFERENCES: dict[tuple[str, str], Path] = {}
+
+
+def reference_gguf(spec: ArchSpec | dict, dtype: str) -> Path:
+    """The paired timing's reference (``timing_reference``: fixed random weights) as a GGUF
+    of ``dtype``, written once per process and removed at exit: it is the same file for
+    every model timed against one fit, and writing it took 5-10 s for SmolLM2's reference
+    (8 layers and a 49k vocabulary), paid by each of the search's and the baseline's
+    timings."""
+    import atexit
+    import json
+    import shutil
+
+    spec = spec if isinstance(spec, ArchSpec) else ArchSpec.model_validate(spec)
+    key = (json.dumps(spec.model_dump(mode="json"), sort_keys=True), dtype)
+    path = _REFERENCES.get(key)
+    if path is None or not path.exists():
+        directory = Path(tempfile.mkdtemp(prefix="ac-llamacpp-reference-"))
+        atexit.register(shutil.rmtree, directory, True)
+        path = _REFERENCES[key] = write_timing_gguf(timing_reference(spec), directory,
+                                                    "reference", dtype)
+    return path
+
+
 def measure_gguf_as_fitted(path: str | Path, workload: Workload, cost_model, repeats: int = 5,
                            warmup: int = 1, seed: int = 0, threads: int | None = None):
     """``measure.measure_as_fitted`` for a GGUF file in llama.cpp: the fit's thread
     count and statistic, paired with the fit's reference (written as GGUF of the
     target's type) and scaled by the fit's reference times. Returns
     (Measurement, statistic name)."""
-    from autocompress.costmodel.measure import timing_reference
-
     fit = cost_model.fit
     target = cost_model.target
     threads = threads or (fit.threads if fit is not None else target.threads)
     paired = fit is not None and fit.timing == "paired" and fit.reference_spec
-    with tempfile.TemporaryDirectory(prefix="ac-llamacpp-") as tmp:
-        reference = write_timing_gguf(timing_reference(fit.reference_spec), Path(tmp),
-                                      "reference", target.dtype) if paired else None
-        measurement = measure_gguf_grid([Path(path)], [workload], threads=threads,
-                                        repeats=repeats, warmup=warmup, seed=seed,
-                                        progress=False, reference=reference)[0][0]
+    reference = reference_gguf(fit.reference_spec, target.dtype) if paired else None
+    measurement = measure_gguf_grid([Path(path)], [workload], threads=threads,
+                                    repeats=repeats, warmup=warmup, seed=seed,
+                                    progress=False, reference=reference)[0][0]
     scale = fit.reference_scale(workload) if paired else None
     if scale is not None:
         measurement = measurement.with_scale(scale, source="fit")
