@@ -98,3 +98,31 @@ def test_straight_through_gradient_reaches_every_option():
     for a in alpha:
         assert a.grad is not None and bool((a.grad != 0).any())
     assert all(p.grad is None for p in model.parameters()), "teacher weights stay frozen"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_measured_scores_from_a_blocks_input_equal_whole_forwards(family):
+    """A one-block change run from that block's input (the stream before it is the
+    anchor's) scores exactly what the whole forward of the changed architecture scores."""
+    from autocompress.search.discretize import choice_kl, measured_scores, teacher_logits
+
+    model, _, space = _setup(family, tied=family == "qwen3", seed=2)
+    masked = MaskedTeacher(model, space)
+    anchor = _random_choice(space, random.Random(family))
+    batches = [torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(i))
+               for i in range(2)]
+    scores = measured_scores(masked, anchor, batches, radius=None)
+    reference = teacher_logits(model, batches)
+    base = choice_kl(masked, anchor, batches, reference)
+    checked = 0
+    for kind, table in (("attention", scores.attention), ("ffn", scores.ffn)):
+        for layer in range(space.num_layers):
+            for k in range(table.shape[1]):
+                cand = anchor.replace_block(kind, layer, k)
+                if k == getattr(anchor, kind)[layer] or not space.is_legal(cand) \
+                        or not torch.isfinite(torch.tensor(table[layer, k])):
+                    continue
+                whole = choice_kl(masked, cand, batches, reference) - base
+                assert table[layer, k] == pytest.approx(whole, abs=1e-6)
+                checked += 1
+    assert checked >= 2 * space.num_layers  # several options of every layer's two blocks

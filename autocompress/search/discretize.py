@@ -25,6 +25,7 @@ included), and the result is checked once more with ``CostModel.predict``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,11 +173,13 @@ def teacher_logits(model, batches: list[torch.Tensor]) -> list[torch.Tensor]:
 def choice_kl(masked, choice: Choice, batches: list[torch.Tensor],
               reference: list[torch.Tensor]) -> float:
     """Mean KL(teacher ‖ choice) over the batches (nats per token)."""
-    total = 0.0
-    for batch, ref in zip(batches, reference, strict=True):
-        logits = masked.forward_choice(batch, choice)
-        total += float(kd_loss(logits[:, :-1], ref[:, :-1]))
-    return total / len(batches)
+    return _mean_kl((masked.forward_choice(b, choice) for b in batches), reference)
+
+
+def _mean_kl(logits: Iterable[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """Mean KL over the batches; ``logits`` may be lazy (one vocabulary-wide batch at a time)."""
+    return sum(float(kd_loss(a[:, :-1], r[:, :-1]))
+               for a, r in zip(logits, reference, strict=True)) / len(reference)
 
 
 def _neighbourhood(space: SearchSpace, kind: str, layer: int, anchor: int,
@@ -211,12 +214,19 @@ def measured_scores(masked, anchor: Choice, batches: list[torch.Tensor],
     attention = np.full((space.num_layers, len(space.attention_options)), np.inf)
     ffn = np.full((space.num_layers, len(space.ffn_options)), np.inf)
     jobs = measured_job_list(space, anchor, radius)
+    # A one-block change leaves the blocks before it as they are: run from there.
+    entering = [masked.block_inputs(b, anchor) for b in batches]
     for kind, layer, k in jobs:
         cand = Choice(k, anchor.attention, anchor.ffn) if kind == "hidden" \
             else anchor.replace_block(kind, layer, k)
         value = np.inf
-        if kind == "hidden" or space.is_legal(cand):
+        if kind == "hidden":
             value = choice_kl(masked, cand, batches, reference) - base
+        elif space.is_legal(cand):
+            block = 2 * layer + (kind == "ffn")
+            logits = (masked.forward_from(b, cand, block, states[block])
+                      for b, states in zip(batches, entering, strict=True))
+            value = _mean_kl(logits, reference) - base
         if kind == "hidden":
             hidden[k] = value
         else:

@@ -102,25 +102,52 @@ class MaskedTeacher(nn.Module):
                 f"sequence of {input_ids.shape[1]} tokens exceeds the sliding window "
                 f"{self.sliding_window}", hint="use a shorter --seq-len for the search",
             )
-        base = self.model.model
-        hidden_mask = w_hidden @ self.hidden_masks  # [h]
-        kept = hidden_mask.sum()
-        x = base.embed_tokens(input_ids) * hidden_mask
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        cos, sin = base.rotary_emb(x, positions)
-        for index, layer in enumerate(base.layers):
-            w_att, w_ffn_l = w_attention[index], w_ffn[index]
-            if self._needed(layer, "self_attn", w_att, self.attention_alive):
-                x = x + self._attention(layer, index, x, cos, sin, kept, w_att) * hidden_mask
-            if self._needed(layer, "mlp", w_ffn_l, self.ffn_alive):
-                x = x + self._ffn(layer, index, x, kept, w_ffn_l) * hidden_mask
-        normed = _masked_rms(x, base.norm, kept)
-        logits = self.model.lm_head(normed)
-        return (logits, normed) if return_hidden else logits
+        return self._run(input_ids, w_hidden, w_attention, w_ffn, return_hidden=return_hidden)
 
     def forward_choice(self, input_ids: torch.Tensor, choice: Choice) -> torch.Tensor:
         """Logits of one discrete architecture."""
         return self(input_ids, *self.one_hot(choice))
+
+    @torch.no_grad()
+    def block_inputs(self, input_ids: torch.Tensor, choice: Choice) -> list[torch.Tensor]:
+        """The residual stream entering each block of ``choice``: attention of layer ``i``
+        is block ``2i``, its FFN ``2i + 1``. An architecture that differs from ``choice``
+        only from block ``j`` on computes the same stream up to there (``forward_from``)."""
+        entering: list[torch.Tensor] = []
+        self._run(input_ids, *self.one_hot(choice), record=entering)
+        return entering
+
+    @torch.no_grad()
+    def forward_from(self, input_ids: torch.Tensor, choice: Choice, block: int,
+                     entering: torch.Tensor) -> torch.Tensor:
+        """Logits of ``choice`` from block ``block`` on, given the stream ``entering`` it
+        (``block_inputs`` of an architecture equal to ``choice`` before that block): the
+        measured scores change one block at a time, so each skips the blocks before it."""
+        return self._run(input_ids, *self.one_hot(choice), start=block, entering=entering)
+
+    def _run(self, input_ids, w_hidden, w_attention, w_ffn, return_hidden: bool = False,
+             start: int = 0, entering: torch.Tensor | None = None,
+             record: list[torch.Tensor] | None = None):
+        base = self.model.model
+        hidden_mask = w_hidden @ self.hidden_masks  # [h]
+        kept = hidden_mask.sum()
+        x = base.embed_tokens(input_ids) * hidden_mask if entering is None else entering
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        cos, sin = base.rotary_emb(x, positions)
+        for block in range(start, 2 * len(base.layers)):
+            index, is_ffn = divmod(block, 2)
+            layer = base.layers[index]
+            if record is not None:
+                record.append(x)  # never modified in place: each block makes a new tensor
+            if not is_ffn and self._needed(layer, "self_attn", w_attention[index],
+                                           self.attention_alive):
+                x = x + self._attention(layer, index, x, cos, sin, kept,
+                                        w_attention[index]) * hidden_mask
+            elif is_ffn and self._needed(layer, "mlp", w_ffn[index], self.ffn_alive):
+                x = x + self._ffn(layer, index, x, kept, w_ffn[index]) * hidden_mask
+        normed = _masked_rms(x, base.norm, kept)
+        logits = self.model.lm_head(normed)
+        return (logits, normed) if return_hidden else logits
 
     # ------------------------------------------------------------- blocks
     @staticmethod
