@@ -46,7 +46,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from rich.progress import Progress
 
 from autocompress.arch import ArchSpec
 from autocompress.costmodel.measure import (
@@ -57,6 +56,7 @@ from autocompress.costmodel.measure import (
 )
 from autocompress.costmodel.workload import Workload
 from autocompress.hardware import RobustStat
+from autocompress.progress import Bar
 
 ENGINE_UBATCH = 512  # llama.cpp's default micro-batch
 LLAMACPP_PREFILLS = 1  # per model per paired run: CPU time needs no repeats inside a run
@@ -249,15 +249,15 @@ def measure_gguf_grid(
     """
     results: list[list[Measurement]] = []
     shuffler = random.Random(seed)
-    with Progress(transient=True, disable=not progress) as bar:
-        task = bar.add_task(description, total=(warmup + repeats) * len(paths) * len(workloads))
+    total = (warmup + repeats) * len(paths) * len(workloads)
+    with Bar(description, total, enabled=progress, transient=True) as bar:
         for workload in workloads:
             sessions = [open_session(path, workload, threads) for path in paths]
             ref = open_session(reference, workload, threads) if reference else None
             try:
                 results.append(_measure_workload(sessions, ref, workload, repeats, warmup,
                                                  seed, shuffler, reference_params, threads,
-                                                 lambda: bar.advance(task)))
+                                                 bar.advance))
             finally:
                 for session in [*sessions, ref]:
                     if session is not None:
