@@ -43,6 +43,8 @@ def markers(block: str = DEFAULT_BLOCK) -> tuple[str, str]:
     """The comment pair around a README block: one table per teacher and target, since
     comparisons of different teachers or targets are not merged into one table."""
     return f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+
+
 METHOD_LABELS = {"autocompress": "AutoCompress", "minitron": "Minitron",
                  "greedy": "greedy (no DNAS)", "random": "random search"}
 METHOD_COLORS = {"teacher": "black", "autocompress": "tab:red", "minitron": "tab:blue",
