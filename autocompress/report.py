@@ -334,14 +334,27 @@ def readme_table(data: dict) -> str:
     return "\n".join(lines) + "\n" + note + "\n"
 
 
-def replace_between_markers(text: str, table: str,
-                            block: str = DEFAULT_BLOCK) -> str | None:
-    """``text`` with the part between ``block``'s markers replaced; None if absent."""
+def _marker_span(text: str, block: str) -> tuple[int, int] | None:
+    """Where the part between ``block``'s markers starts and ends in ``text``."""
     open_mark, close_mark = markers(block)
     start, end = text.find(open_mark), text.find(close_mark)
     if start < 0 or end < 0 or end < start:
         return None
-    return text[: start + len(open_mark)] + "\n" + table + text[end:]
+    return start + len(open_mark), end
+
+
+def between_markers(text: str, block: str = DEFAULT_BLOCK) -> str | None:
+    """The part of ``text`` between ``block``'s markers (after the opening line); None if
+    absent."""
+    span = _marker_span(text, block)
+    return None if span is None else text[span[0]:span[1]].removeprefix("\n")
+
+
+def replace_between_markers(text: str, table: str,
+                            block: str = DEFAULT_BLOCK) -> str | None:
+    """``text`` with the part between ``block``'s markers replaced; None if absent."""
+    span = _marker_span(text, block)
+    return None if span is None else text[:span[0]] + "\n" + table + text[span[1]:]
 
 
 def update_readme(readme: str | Path, data: dict, block: str = DEFAULT_BLOCK) -> bool:

@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from autocompress.modeling.tiny import tiny_model
+from autocompress.report import between_markers
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def readme_example() -> str:
     """The Python block between the README's api-example markers."""
-    text = README.read_text()
-    block = text.split("<!-- api-example:start -->")[1].split("<!-- api-example:end -->")[0]
+    block = between_markers(README.read_text(), "api-example")
+    assert block is not None, "README lacks the api-example block"
     return block.split("```python")[1].split("```")[0]
 
 

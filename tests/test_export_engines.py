@@ -497,9 +497,9 @@ def test_readme_table_is_the_generated_one():
     from pathlib import Path
 
     from autocompress.engine_rules import table_markdown
+    from autocompress.report import between_markers
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    start, end = "<!-- engine-rules:start -->\n", "<!-- engine-rules:end -->"
-    assert start in readme, "README lacks the engine-rules table"
-    table = readme.split(start, 1)[1].split(end, 1)[0]
+    table = between_markers((Path(__file__).parent.parent / "README.md").read_text(),
+                            "engine-rules")
+    assert table is not None, "README lacks the engine-rules table"
     assert table == table_markdown(), "regenerate: python -m autocompress.engine_rules"

@@ -162,6 +162,9 @@ def test_a_named_block_leaves_the_other_tables_alone():
     assert "old table" in new and "smol table" not in new
     assert new.endswith("<!-- results-smollm2:start -->\n| smol |\n<!-- results-smollm2:end -->\n")
     assert report.replace_between_markers(README, "x", block="results-smollm2") is None
+    assert report.between_markers(new, "results-smollm2") == "| smol |\n"
+    assert report.between_markers(new) == "old table\n"
+    assert report.between_markers(README, "results-smollm2") is None
 
 
 def _cli_app() -> typer.Typer:
