@@ -182,6 +182,17 @@ def _mean_kl(logits: Iterable[torch.Tensor], reference: list[torch.Tensor]) -> f
                for a, r in zip(logits, reference, strict=True)) / len(reference)
 
 
+@torch.no_grad()
+def block_change_kl(masked, choice: Choice, block: int, batches: list[torch.Tensor],
+                    entering: list[list[torch.Tensor]], reference: list[torch.Tensor]) -> float:
+    """``choice_kl`` of a choice that differs from the one ``entering`` was taken at
+    (``MaskedTeacher.block_inputs``) only in ``block`` (2i: layer i's attention, 2i+1: its
+    FFN): the blocks before it are unchanged, so the forward starts from its input."""
+    logits = (masked.forward_from(b, choice, block, states[block])
+              for b, states in zip(batches, entering, strict=True))
+    return _mean_kl(logits, reference)
+
+
 def _neighbourhood(space: SearchSpace, kind: str, layer: int, anchor: int,
                    radius: int | None) -> list[int]:
     """Allowed options within ``radius`` size ranks of the anchor's (plus the no-op)."""
@@ -223,10 +234,8 @@ def measured_scores(masked, anchor: Choice, batches: list[torch.Tensor],
         if kind == "hidden":
             value = choice_kl(masked, cand, batches, reference) - base
         elif space.is_legal(cand):
-            block = 2 * layer + (kind == "ffn")
-            logits = (masked.forward_from(b, cand, block, states[block])
-                      for b, states in zip(batches, entering, strict=True))
-            value = _mean_kl(logits, reference) - base
+            value = block_change_kl(masked, cand, 2 * layer + (kind == "ffn"), batches,
+                                    entering, reference) - base
         if kind == "hidden":
             hidden[k] = value
         else:
