@@ -109,7 +109,8 @@ def _choice(entry: dict) -> Choice:
 def _check_short_list(ctx, short: list[dict], spec) -> list[Choice]:
     """A real short list: distinct, repair's answer first, every candidate trained and
     scored, the lowest KL chosen and returned as ``spec``."""
-    assert 2 <= len(short) <= PICK.selection.top_k and short[0]["origin"] == "repair"
+    own = [f for f in short if not f["origin"].startswith("pick under")]  # not carried
+    assert 2 <= len(own) <= PICK.selection.top_k and short[0]["origin"] == "repair"
     choices = [_choice(f) for f in short]
     assert len(set(choices)) == len(short)
     assert all(f["kl"] > 0 and f["pruned_kl"] > 0 for f in short)
@@ -190,6 +191,32 @@ def test_family_final_pick_trains_a_candidate_shared_by_two_budgets_once(
     assert len(trained) == len(set(trained)) == len(set(listed))  # ... trained once
     # The teacher's outputs on the training batches: one cache for every candidate.
     assert len(list((autocompress_home / "teacher-outputs").iterdir())) == 1
+
+
+def test_family_is_a_front_a_looser_budget_is_offered_the_tighter_picks(
+        ctx, autocompress_home, monkeypatch):
+    from autocompress.search import selection
+
+    def smaller_is_better(teacher, importance, specs, *args, **kwargs):
+        # A score under which the tightest budget's pick beats every looser budget's own
+        # short list: each looser member must then end with it.
+        return [{"pruned_kl": spec.num_params() / 1e5, "kl": spec.num_params() / 1e6}
+                for spec in specs]
+
+    monkeypatch.setattr(selection, "short_distill_scores", smaller_is_better)
+    teacher = ctx.teacher_costs()["tpot_ms"]
+    limits = [Limits(max_tpot_ms=teacher * f) for f in (0.8, 0.4, 0.6)]
+    members = run_family(ctx, limits, PICK)
+    tightest = members[1]
+    for member in members:
+        chosen = [f for f in member.selection if f["chosen"]]
+        assert len(chosen) == 1 and member.spec == tightest.spec
+        assert member.prediction.metrics()["tpot_ms"] <= member.limits.max_tpot_ms
+        if member is not tightest:  # carried, labelled with the budget it came from
+            assert chosen[0]["origin"].startswith(
+                f"pick under tpot_ms ≤ {tightest.budgets['tpot_ms']:.4g}")
+            assert len(member.selection) > len({f["origin"] for f in member.selection
+                                                if f["origin"].startswith("pick under")})
 
 
 def cli(capsys, monkeypatch, *args) -> tuple[int, str]:

@@ -13,17 +13,25 @@ short-listed at two budgets is trained once; the teacher's outputs on the traini
 batches are cached on disk by ``distill`` for all of them). Each member is a
 ``SearchOutcome`` like a search's; the DNAS, the scores and the final pick's
 scores are shared.
+
+The budgets are picked from the tightest to the loosest, and each tighter budget's
+pick joins the looser budgets' short lists (where it meets them, as predicted): a
+looser budget then never ends with a model worse, by the final pick's score, than
+a tighter budget's, so the family is a front rather than independent picks whose
+short lists happened to differ.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 from autocompress.search.dnas import DNAS
+from autocompress.search.selection import Finalist
 
 FAMILY_MIN = 2
 
@@ -58,11 +66,13 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
     memo: dict = {}  # the final pick's short-distillation scores, shared by every budget
     repairs = Repairs(ctx, config, ctx.costs, dnas, None, progress)
     shared_s = time.perf_counter() - t0
-    members = []
-    for limits, budgets in zip(limits_list, all_budgets, strict=True):
+    members: dict[int, SearchOutcome] = {}
+    picked: list[Finalist] = []  # the tighter budgets' picks, offered to the looser ones
+    for i in tightest_first(all_budgets):
+        limits, budgets = limits_list[i], all_budgets[i]
         t1 = time.perf_counter()
         inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
-        final = FinalPick(ctx, config, progress, memo=memo, budgets=budgets)
+        final = FinalPick(ctx, config, progress, memo=memo, budgets=budgets, carried=picked)
 
         def pick(bounds, final=final, limits=limits, budgets=budgets, inner=inner):
             return repairs.pick(bounds, final, lambda missed: raise_unreachable(
@@ -76,9 +86,25 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
         seconds = {"shared": shared_s, "own": own, "selection": final.seconds,
                    "total": shared_s + own, "cpu_total": time.process_time() - c0,
                    "threads": torch.get_num_threads()}
-        members.append(SearchOutcome(spec=spec, limits=limits, budgets=budgets,
-                                     prediction=prediction, checks=checks, dnas=dnas,
-                                     discretized=found, seconds=seconds,
-                                     measured_rounds=rounds, evaluations=repairs.evaluations,
-                                     selection=final.report()))
-    return members
+        members[i] = SearchOutcome(spec=spec, limits=limits, budgets=budgets,
+                                   prediction=prediction, checks=checks, dnas=dnas,
+                                   discretized=found, seconds=seconds, measured_rounds=rounds,
+                                   evaluations=repairs.evaluations, selection=final.report())
+        chosen = final.chosen
+        if chosen is not None and all(chosen is not p for p in picked):
+            picked = picked + [replace(chosen, origin=f"{_budget_text(budgets)}: {chosen.origin}")]
+    return [members[i] for i in range(len(limits_list))]
+
+
+def tightest_first(all_budgets: list[dict[str, float]]) -> list[int]:
+    """Member indices from the tightest budgets to the loosest (each metric's budget relative
+    to its loosest), so that every member can be offered the tighter members' picks: a
+    looser budget's model is then never worse, by the final pick's score, than a tighter
+    one's, and the family is a front."""
+    loosest = {m: max(b[m] for b in all_budgets) for m in all_budgets[0]}
+    return sorted(range(len(all_budgets)),
+                  key=lambda i: sum(all_budgets[i][m] / loosest[m] for m in loosest))
+
+
+def _budget_text(budgets: dict[str, float]) -> str:
+    return "pick under " + ", ".join(f"{m} ≤ {v:.4g}" for m, v in budgets.items())

@@ -38,7 +38,9 @@ from autocompress.limits import Limits
 from autocompress.progress import Bar
 from autocompress.search.budgets import budgets_from_limits, reachable_text, resolve_limits
 from autocompress.search.discretize import (
+    CostTables,
     Discretized,
+    feasible,
     measured_job_list,
     measured_scores,
     probability_scores,
@@ -65,6 +67,7 @@ from autocompress.search.minitron import (
 from autocompress.search.selection import (
     Finalist,
     SelectionConfig,
+    best_scored,
     repaired_finalists,
     select,
     shared_shortlist,
@@ -456,7 +459,9 @@ class Repairs:
             found = repair(space, costs, bounds, anchor, used)
         if found is None:
             unreachable(bounds)
-        return final.choose(lambda: self._finalists(bounds, used, found)).found
+        tables = CostTables(self.costs, list(bounds))
+        carried = [f for f in final.carried if feasible(tables.evaluate(f.choice), bounds)]
+        return final.choose(lambda: self._finalists(bounds, used, found), carried).found
 
     def _finalists(self, bounds, used, found) -> list[Finalist]:
         own = repaired_finalists(self.space, self.costs, bounds, self.anchor, used, found,
@@ -494,8 +499,10 @@ class FinalPick:
     on a quiet machine); the re-aimed short list sits under the limit as measured."""
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False,
-                 memo: dict | None = None, budgets: dict[str, float] | None = None):
+                 memo: dict | None = None, budgets: dict[str, float] | None = None,
+                 carried: list[Finalist] | None = None):
         self.ctx, self.config, self.progress = ctx, config, progress
+        self.carried = carried or []  # scored candidates from elsewhere (``choose``)
         self.depth = config.selection.varies_depth
         self.memo: dict = {} if memo is None else memo
         self.budgets = budgets
@@ -505,11 +512,18 @@ class FinalPick:
         self.chosen: Finalist | None = None
         self.seconds = 0.0
 
-    def choose(self, finalists) -> Finalist:
-        """The winner among ``finalists()`` (the method's own answer first)."""
+    def choose(self, finalists, carried: list[Finalist] = ()) -> Finalist:
+        """The winner among ``finalists()`` (the method's own answer first) and ``carried``:
+        candidates already scored elsewhere that meet these bounds (a Pareto family's
+        tighter members' picks), which join the short list without taking a place in it."""
         started = time.perf_counter()
         k = self.config.selection.top_k
         best, short = select(finalists(), k, self._score, self.memo)
+        taken = {f.choice for f in short}
+        extra = [f for f in carried if f.choice not in taken and f.choice in self.memo]
+        if k > 1 and extra:
+            short += extra
+            best = best_scored(short, self._score, self.memo)
         timed = self._timed(short) if k > 1 else {}
         met_now = [f for f in short if timed.get(f.choice, {}).get("met")]
         self.met += met_now

@@ -254,9 +254,16 @@ def select(finalists: list[Finalist], k: int,
         raise ValueError("no finite candidate to select from")
     if k == 1 or len(short) == 1:
         return short[0], short
-    todo = [f.choice for f in short if f.choice not in memo]
+    return best_scored(short, score, memo), short
+
+
+def best_scored(candidates: list[Finalist],
+                score: Callable[[list[Choice]], list[dict[str, float]]],
+                memo: dict[Choice, dict[str, float]]) -> Finalist:
+    """The lowest KL after ``score`` among ``candidates`` (each scored once: ``memo``)."""
+    todo = [f.choice for f in candidates if f.choice not in memo]
     if todo:
         memo.update(zip(todo, score(todo), strict=True))
-    for f in short:
+    for f in candidates:
         f.pruned_kl, f.kl = memo[f.choice]["pruned_kl"], memo[f.choice]["kl"]
-    return min(short, key=lambda f: (f.kl, f.estimate)), short
+    return min(candidates, key=lambda f: (f.kl, f.estimate))
