@@ -410,6 +410,52 @@ def test_final_pick_re_aims_when_its_best_misses_and_keeps_the_best_that_met(ctx
     assert {r["round"] for r in report} <= set(range(1, len(final.rounds) + 1))
 
 
+def test_the_aim_is_calibrated_on_repairs_answer_before_the_short_list_is_trained(ctx):
+    """On a target 8% slower than the cost model, repair's own answer (untrained) is timed
+    and the bounds re-aimed until it meets; the short list is then built and trained once,
+    at the calibrated aim, and its best meets as measured."""
+    from autocompress.search.discretize import measured_scores, repair
+    from autocompress.search.measured import SpecTimer
+    from autocompress.search.run import FinalPick, measured_loop
+    from autocompress.search.selection import repaired_finalists
+
+    budgets = {"tpot_ms": 0.6 * ctx.teacher_costs()["tpot_ms"]}
+    anchor = ctx.space.full_choice()
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(CONFIG), radius=None)
+
+    def measure(spec):
+        return {m: 1.08 * v for m, v in ctx.cost_model.predict(spec, WORKLOAD).metrics().items()
+                if m in TIMING_METRICS}, {m: 0.0 for m in TIMING_METRICS}
+
+    def answer(bounds):
+        return repair(ctx.space, ctx.costs, bounds, anchor, scores)
+
+    config = CONFIG.model_copy(update={"measured_rounds": 3, "timing_drift": 0.0, "selection": (
+        CONFIG.selection.model_copy(update={"top_k": 6}))})
+    final = FinalPick(ctx, config, budgets=budgets)
+    final.timer = SpecTimer(measure)
+    trained = []
+
+    def larger_is_better(choices):
+        trained.extend(choices)
+        return [{"pruned_kl": 1.0, "kl": -float(ctx.space.spec_of(c).num_params())}
+                for c in choices]
+
+    final._score = larger_is_better
+    chosen, rounds = measured_loop(
+        ctx, config,
+        lambda bounds: final.choose(lambda: repaired_finalists(
+            ctx.space, ctx.costs, bounds, anchor, scores, answer(bounds), True)),
+        lambda f: ctx.space.spec_of(f.choice), budgets, dict(budgets), final.timer, aim=answer)
+    assert [r.stage for r in rounds] == ["aim", "aim", "pick"]
+    assert not rounds[0].met and rounds[1].met and rounds[-1].met
+    assert rounds[0].params == ctx.space.spec_of(answer(budgets).choice).num_params()
+    assert rounds[-1].aim == rounds[1].aim != rounds[0].aim  # the pick aimed where the aim met
+    assert len(final.rounds) == 1 and 2 <= len(trained) == len(set(trained)) <= 6
+    spec = ctx.space.spec_of(chosen.choice)
+    assert 1.08 * ctx.cost_model.predict(spec, WORKLOAD).metrics()["tpot_ms"] <= budgets["tpot_ms"]
+
+
 # ------------------------------------------------------------------ ablations
 
 

@@ -187,15 +187,18 @@ def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     inner = dict(budgets)
     final = FinalPick(ctx, config, budgets=budgets)
 
-    def pick(bounds):
+    def answer(bounds):  # repair from the teacher, untrained
         found = repair(space, ctx.costs, bounds, anchor, scores)
         if found is None:
             raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
+        return found
+
+    def pick(bounds):
         return final.choose(lambda: repaired_finalists(
-            space, ctx.costs, bounds, anchor, scores, found, final.depth)).found
+            space, ctx.costs, bounds, anchor, scores, answer(bounds), final.depth)).found
 
     found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
-                                  budgets, inner, final.timer)
+                                  budgets, inner, final.timer, aim=answer)
     return _outcome(ctx, "greedy", limits, budgets, space.spec_of(found.choice), rounds,
                     started, len(measured_job_list(space, anchor, None)) + 1,
                     {"choice": found.choice.to_dict(), "repair_changes": found.changes,
@@ -217,16 +220,19 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     kl = {choice: choice_kl(ctx.masked, choice, batches, reference) for choice in pool}
     final = FinalPick(ctx, config, budgets=budgets)
 
-    def pick(bounds):
-        within = sorted((c for c in pool if feasible(tables.evaluate(c), bounds)),
-                        key=lambda c: (kl[c], c.hidden, c.attention, c.ffn))
-        if not within:
+    def within(bounds):  # the pool's candidates within the bounds, best KL first
+        found = sorted((c for c in pool if feasible(tables.evaluate(c), bounds)),
+                       key=lambda c: (kl[c], c.hidden, c.attention, c.ffn))
+        if not found:
             raise_unreachable(ctx, limits, budgets, as_measured=True)
+        return found
+
+    def pick(bounds):
         return final.choose(lambda: [Finalist(c, kl[c], "random", layers_kept(space, c))
-                                     for c in within]).choice
+                                     for c in within(bounds)]).choice
 
     choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, dict(budgets),
-                                   final.timer)
+                                   final.timer, aim=lambda bounds: within(bounds)[0])
     ranked = sorted(kl.values())
     return _outcome(ctx, "random", limits, budgets, space.spec_of(choice), rounds, started,
                     len(pool), {"choice": choice.to_dict(), "kl": kl[choice], "sampling": drawn,

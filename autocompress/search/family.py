@@ -74,12 +74,13 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
         inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
         final = FinalPick(ctx, config, progress, memo=memo, budgets=budgets, carried=picked)
 
-        def pick(bounds, final=final, limits=limits, budgets=budgets, inner=inner):
-            return repairs.pick(bounds, final, lambda missed: raise_unreachable(
-                ctx, limits, budgets, as_measured=missed != inner))
+        def unreachable(bounds, limits=limits, budgets=budgets, inner=inner):
+            raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
 
-        found, rounds = measured_loop(ctx, config, pick, lambda f: ctx.space.spec_of(f.choice),
-                                      budgets, inner, final.timer)
+        found, rounds = measured_loop(
+            ctx, config, lambda bounds, final=final: repairs.pick(bounds, final, unreachable),
+            lambda f: ctx.space.spec_of(f.choice), budgets, inner, final.timer,
+            aim=lambda bounds: repairs.answer(bounds, unreachable)[0])
         spec = ctx.space.spec_of(found.choice)
         prediction, checks = final_check(ctx, spec, limits)
         own = time.perf_counter() - t1

@@ -54,6 +54,7 @@ from autocompress.search.measured import (
     TIMING_METRICS,
     MeasuredRound,
     SpecTimer,
+    calibrate_aim,
     closed_loop,
     measure_spec,
     missed_budgets,
@@ -133,7 +134,9 @@ class SearchConfig(BaseModel):
         default=3, ge=0,
         description="On a target this machine can time: measure the pick (random weights) "
         "and, where it misses a timing budget, tighten that budget by the cost model's error "
-        "on it and pick again, at most this many measurements (0 = trust the cost model).")
+        "on it and pick again, at most this many measurements (0 = trust the cost model). "
+        "The search and its ablations first do the same with their untrained answer (at most "
+        "as many timings), so the final pick's short list is trained at a calibrated aim.")
     measured_repeats: int = Field(default=9, ge=2, description="Timed runs per measurement.")
     timing_drift: float = Field(
         default=0.03, ge=0.0, lt=0.5,
@@ -388,7 +391,8 @@ def run_search(
 
     found, rounds = measured_loop(ctx, config,
                                   lambda bounds: repairs.pick(bounds, final, unreachable),
-                                  lambda f: space.spec_of(f.choice), budgets, inner, final.timer)
+                                  lambda f: space.spec_of(f.choice), budgets, inner, final.timer,
+                                  aim=lambda bounds: repairs.answer(bounds, unreachable)[0])
     t2, c2 = time.perf_counter(), time.process_time()
     spec = space.spec_of(found.choice)
     prediction, checks = final_check(ctx, spec, limits)
@@ -448,8 +452,8 @@ class Repairs:
                                                   radius=None)
             self.evaluations["teacher_scores"] = len(measured_job_list(space, full, None)) + 1
 
-    def pick(self, bounds: dict[str, float], final: FinalPick, unreachable) -> Discretized:
-        """Repair's answer within ``bounds`` and its variants; ``final`` picks among them.
+    def answer(self, bounds: dict[str, float], unreachable) -> tuple[Discretized, Any]:
+        """Repair's own answer within ``bounds`` (no training) and the scores it used.
         ``unreachable(bounds)`` raises when nothing meets ``bounds``."""
         space, costs, anchor = self.space, self.costs, self.anchor
         used = self.scores
@@ -459,6 +463,11 @@ class Repairs:
             found = repair(space, costs, bounds, anchor, used)
         if found is None:
             unreachable(bounds)
+        return found, used
+
+    def pick(self, bounds: dict[str, float], final: FinalPick, unreachable) -> Discretized:
+        """Repair's answer within ``bounds`` and its variants; ``final`` picks among them."""
+        found, used = self.answer(bounds, unreachable)
         tables = CostTables(self.costs, list(bounds))
         carried = [f for f in final.carried if feasible(tables.evaluate(f.choice), bounds)]
         return final.choose(lambda: self._finalists(bounds, used, found), carried).found
@@ -496,7 +505,9 @@ class FinalPick:
     built around the *predicted* limit, and where the cost model is optimistic by a few
     per cent every candidate near the limit misses and the one that met is often a much
     worse, much smaller model (KL 0.61 where the misses had 0.42, interactive-cpu @ 40%
-    on a quiet machine); the re-aimed short list sits under the limit as measured."""
+    on a quiet machine); the re-aimed short list sits under the limit as measured. To
+    spare that whole round of short distillations, the measured loop first calibrates the
+    aim on the method's untrained answer (``measured.calibrate_aim``, one timing a round)."""
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, progress: bool = False,
                  memo: dict | None = None, budgets: dict[str, float] | None = None,
@@ -700,13 +711,20 @@ def spec_timer(ctx: SearchContext, config: SearchConfig) -> SpecTimer | None:
 
 def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
                   budgets: dict[str, float], inner: dict[str, float],
-                  timer: SpecTimer | None = None):
-    """``measured.closed_loop`` where the target can be timed here; else one pick."""
+                  timer: SpecTimer | None = None, aim=None):
+    """``measured.closed_loop`` where the target can be timed here; else one pick. With
+    ``aim`` (a cheap pick: no training), the bounds are first calibrated on it
+    (``measured.calibrate_aim``); its rounds come first in the history."""
     timer = timer or spec_timer(ctx, config)
     if timer is None:
         return pick(inner), []
-    return closed_loop(pick, spec_of, ctx.cost_model, ctx.workload, budgets, inner,
-                       config.measured_rounds, timer)
+    aimed: list[MeasuredRound] = []
+    if aim is not None:
+        inner, aimed = calibrate_aim(aim, spec_of, ctx.cost_model, ctx.workload, budgets,
+                                     inner, config.measured_rounds, timer)
+    found, rounds = closed_loop(pick, spec_of, ctx.cost_model, ctx.workload, budgets, inner,
+                                config.measured_rounds, timer)
+    return found, aimed + rounds
 
 
 def _need_costs(ctx: SearchContext) -> None:
