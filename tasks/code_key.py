@@ -144,7 +144,8 @@ def _data_files(strings: tuple[str, ...], path: Path, package_root: Path | None)
     dirs = {path.parent} | ({package_root} if package_root and package_root.is_dir() else set())
     found = []
     for text in strings:
-        if "." not in text or "/" in text or "\n" in text or text.endswith(".py"):
+        if ("." not in text or "/" in text or "\n" in text or text.endswith(".py")
+                or len(text) > 255):  # a sentence, not a file name (too long for one)
             continue
         for folder in dirs:
             candidate = folder / text

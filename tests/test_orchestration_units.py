@@ -338,6 +338,17 @@ def test_stage_code_follows_imports_including_the_ones_a_hand_list_missed():
         assert unrelated not in files
 
 
+def test_stage_code_skips_string_constants_too_long_to_be_file_names(tmp_path):
+    """A long sentence with a dot (a pydantic description) is not looked up as a data file:
+    the lookup raised 'File name too long' and broke every stage's cache key."""
+    from tasks.code_key import _data_files
+
+    (tmp_path / "table.json").write_text("{}")
+    sentence = "Time the pick on the target and re-aim. " * 10
+    found = _data_files((sentence, "table.json"), tmp_path / "module.py", None)
+    assert found == [tmp_path / "table.json"]
+
+
 def test_lineage_of_a_quoted_name_says_why_s3_is_unreachable_once(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
