@@ -134,6 +134,45 @@ def test_joint_final_pick_is_the_lowest_kl_of_a_short_list_meeting_every_target(
     assert report["evaluations"]["dnas_steps"] == PICK.dnas.steps
 
 
+def test_joint_measured_loop_calibrates_the_aim_on_the_untrained_answer_first(ctx):
+    """Two targets this machine times, one 8% slower than its cost model: the untrained answer
+    is timed and re-aimed until it meets both, then the (expensive) pick is made once."""
+    from autocompress.search.discretize import measured_scores, repair
+    from autocompress.search.measured import TIMING_METRICS
+    from autocompress.search.multitarget import joint_measured_loop
+
+    models = [_model("cpu-local/hf-eager/fp32", calls=1.0, per_byte=1e-7),
+              _model("cpu-local/hf-eager/bf16", calls=0.01, per_byte=2e-4)]
+    targets = [target_limits(ctx, m.target.name, m, WORKLOAD, None, 0.6) for m in models]
+    assert all(t.cost_model.target.measurable for t in targets)
+    joint, budgets = JointCosts(targets), joint_budgets(targets)
+    anchor = ctx.space.full_choice()
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(CONFIG), radius=None)
+    slow, exact = (t.name for t in targets)
+    picks = []
+
+    def answer(bounds):
+        return ctx.space.spec_of(repair(ctx.space, joint, bounds, anchor, scores).choice)
+
+    def pick(bounds):
+        picks.append(bounds)
+        return answer(bounds)
+
+    def measure(target, spec):
+        factor = 1.08 if target.name == slow else 1.0
+        predicted = target.cost_model.predict(spec, target.workload).metrics()
+        return {m: factor * predicted[m] for m in TIMING_METRICS}, {}
+
+    spec, rounds = joint_measured_loop(pick, targets, budgets, dict(budgets), 3, measure,
+                                       aim=answer)
+    assert [r["stage"] for r in rounds] == ["aim", "aim", "pick"]
+    assert not rounds[0]["targets"][slow]["met"] and rounds[0]["targets"][exact]["met"]
+    assert rounds[1]["met"] and rounds[2]["met"] and len(picks) == 1  # one expensive pick
+    assert rounds[2]["targets"][slow]["aim"] == rounds[1]["targets"][slow]["aim"] \
+        != rounds[0]["targets"][slow]["aim"]
+    assert all(v["meets_limits"] for v in meets_all(spec, targets).values())
+
+
 def test_joint_search_refuses_memory_limits_and_repeated_targets(ctx):
     memory = target_limits(ctx, "a", OVERHEAD, WORKLOAD, Limits(max_memory_gb=1.0), None)
     other = _targets(ctx)[1]

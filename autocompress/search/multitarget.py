@@ -31,7 +31,7 @@ from autocompress.limits import Limits
 from autocompress.search.budgets import budgets_from_limits, resolve_limits
 from autocompress.search.discretize import smallest_reachable
 from autocompress.search.dnas import DNAS
-from autocompress.search.measured import TIMING_METRICS, MeasuredRound, corrected_budgets
+from autocompress.search.measured import TIMING_METRICS, measured_round
 
 SEP = "@"
 
@@ -203,8 +203,8 @@ def run_joint_search(ctx, targets: list[TargetLimits], config, measure=None,
     repairs = Repairs(ctx, config, costs, result, config.score_radius, progress)
     spec, rounds = joint_measured_loop(
         lambda bounds: ctx.space.spec_of(repairs.pick(bounds, final, unreachable).choice),
-        targets,
-        budgets, inner, config.measured_rounds if measure else 0, measure)
+        targets, budgets, inner, config.measured_rounds if measure else 0, measure,
+        aim=lambda bounds: ctx.space.spec_of(repairs.answer(bounds, unreachable)[0].choice))
     per_target = meets_all(spec, targets)
     if not all(t["meets_limits"] for t in per_target.values()):
         raise AutoCompressError(  # repair met every budget under the same tables: a bug
@@ -217,33 +217,42 @@ def run_joint_search(ctx, targets: list[TargetLimits], config, measure=None,
 
 
 def joint_measured_loop(pick, targets: list[TargetLimits], budgets: dict[str, float],
-                        inner: dict[str, float], rounds: int, measure):
+                        inner: dict[str, float], rounds: int, measure, aim=None):
     """Pick, time the pick on every measurable target, re-aim the budgets it missed (each by
-    its own target's error, ``measured.corrected_budgets``), at most ``rounds`` times."""
+    its own target's error, ``measured.corrected_budgets``), at most ``rounds`` times. With
+    ``aim`` (a cheap pick: repair's untrained answer) the bounds are first calibrated on it,
+    as ``measured.calibrate_aim`` does for one target; its rounds come first."""
+    aimed: list[dict[str, Any]] = []
+    if aim is not None:
+        _, aimed, inner = _joint_rounds(aim, targets, budgets, inner, rounds, measure, "aim")
+    spec, history, _ = _joint_rounds(pick, targets, budgets, inner, rounds, measure, "pick")
+    return spec, aimed + history
+
+
+def _joint_rounds(pick, targets, budgets, inner, rounds, measure, stage):
+    """Up to ``rounds`` timed picks, each re-aimed by the last's misses: the last pick, the
+    rounds and the bounds a next pick would aim at."""
     spec = pick(inner)
     history: list[dict[str, Any]] = []
     measurable = [t for t in targets if t.cost_model.target.measurable]
     for _ in range(rounds if measurable else 0):
-        tightened, record = dict(inner), {"params": spec.num_params(), "targets": {}}
+        tightened = dict(inner)
+        record = {"params": spec.num_params(), "stage": stage, "targets": {}}
         for t in measurable:
             own = {split_metric(k)[0]: v for k, v in budgets.items()
                    if split_metric(k)[1] == t.name}
-            own_inner = {split_metric(k)[0]: v for k, v in tightened.items()
+            own_inner = {split_metric(k)[0]: v for k, v in inner.items()
                          if split_metric(k)[1] == t.name}
-            predicted = t.cost_model.predict(spec, t.workload).metrics()
-            measured, noise = measure(t, spec)
-            fixed = corrected_budgets(own_inner, own, predicted, measured, noise)
-            record["targets"][t.name] = MeasuredRound(
-                params=spec.num_params(), met=fixed is None, budgets=own,
-                predicted={m: float(predicted[m]) for m in TIMING_METRICS},
-                measured={m: float(measured[m]) for m in TIMING_METRICS},
-                noise={m: float(noise.get(m, 0.0)) for m in TIMING_METRICS}).model_dump()
+            timed, fixed = measured_round(spec, t.cost_model, t.workload, own, own_inner,
+                                          lambda s, t=t: measure(t, s), stage)
+            record["targets"][t.name] = timed.model_dump()
             for m, v in (fixed or {}).items():
                 tightened[joint_metric(m, t.name)] = v
         record["met"] = all(r["met"] for r in record["targets"].values())
         history.append(record)
-        if record["met"] or len(history) == rounds:
+        if record["met"]:
             break
         inner = tightened
-        spec = pick(inner)
-    return spec, history
+        if len(history) < rounds:
+            spec = pick(inner)
+    return spec, history, inner
