@@ -194,15 +194,8 @@ def calibrate_aim(
     the limit, every candidate misses and the whole list is trained again at the re-aimed
     bounds (on a 30-layer teacher, ten short distillations per round). One timing of the
     largest candidate finds that error first."""
-    history: list[MeasuredRound] = []
-    for _ in range(rounds):
-        spec = spec_of(aim_pick(inner))
-        timed, tightened = measured_round(spec, cost_model, workload, budgets, inner, measure,
-                                          stage="aim")
-        history.append(timed)
-        if tightened is None:
-            break
-        inner = tightened
+    _, history, inner = timed_rounds(aim_pick, spec_of, cost_model, workload, budgets, inner,
+                                     rounds, measure, "aim")
     return inner, history
 
 
@@ -222,14 +215,24 @@ def closed_loop(
     ``measure(spec)`` its timings on the target and their noise. Returns the last choice and every
     round; the last round says whether the choice met the budgets as measured.
     """
+    choice, history, _ = timed_rounds(pick, spec_of, cost_model, workload, budgets, inner,
+                                      rounds, measure, "pick")
+    return choice, history
+
+
+def timed_rounds(pick, spec_of, cost_model, workload, budgets: dict[str, float],
+                 inner: dict[str, float], rounds: int, measure, stage: str):
+    """Up to ``rounds`` timed picks, each re-aimed by the last one's misses: the last
+    choice, the rounds, and the bounds a next pick would aim at (``inner`` if it met)."""
     choice = pick(inner)
     history: list[MeasuredRound] = []
     for _ in range(rounds):
         timed, tightened = measured_round(spec_of(choice), cost_model, workload, budgets, inner,
-                                          measure)
+                                          measure, stage)
         history.append(timed)
-        if tightened is None or len(history) == rounds:
+        if tightened is None:
             break
         inner = tightened
-        choice = pick(inner)
-    return choice, history
+        if len(history) < rounds:
+            choice = pick(inner)
+    return choice, history, inner
