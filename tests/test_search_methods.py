@@ -452,6 +452,11 @@ def test_the_aim_is_calibrated_on_repairs_answer_before_the_short_list_is_traine
     assert rounds[0].params == ctx.space.spec_of(answer(budgets).choice).num_params()
     assert rounds[-1].aim == rounds[1].aim != rounds[0].aim  # the pick aimed where the aim met
     assert len(final.rounds) == 1 and 2 <= len(trained) == len(set(trained)) <= 6
+    parts = final.parts()  # where the pick's time went; every timing, the aim's included
+    # The pick's first timing reuses the aim's where they are one architecture; + its confirm.
+    assert len(rounds) <= parts["timings"] <= len(rounds) + 1
+    assert parts["timing_on_target"] >= 0
+    assert parts["candidates"] > 0  # (the short distillation is replaced here)
     spec = ctx.space.spec_of(chosen.choice)
     assert 1.08 * ctx.cost_model.predict(spec, WORKLOAD).metrics()["tpot_ms"] <= budgets["tpot_ms"]
 

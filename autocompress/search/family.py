@@ -85,6 +85,7 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
         prediction, checks = final_check(ctx, spec, limits)
         own = time.perf_counter() - t1
         seconds = {"shared": shared_s, "own": own, "selection": final.seconds,
+                   "final_pick": final.parts(),
                    "total": shared_s + own, "cpu_total": time.process_time() - c0,
                    "threads": torch.get_num_threads()}
         members[i] = SearchOutcome(spec=spec, limits=limits, budgets=budgets,

@@ -26,6 +26,7 @@ the loop exists: docs/measurement-history.md.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -120,20 +121,30 @@ class SpecTimer:
         self._measure = measure
         self._memo: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
         self._confirmed: set[str] = set()
+        self.seconds = 0.0  # spent timing on the target
+        self.timings = 0
 
     def __call__(self, spec: ArchSpec) -> tuple[dict[str, float], dict[str, float]]:
         key = spec.to_json(indent=None)
         if key not in self._memo:
-            self._memo[key] = self._measure(spec)
+            self._memo[key] = self._timed(spec)
         return self._memo[key]
 
     def confirm(self, spec: ArchSpec) -> tuple[dict[str, float], dict[str, float]]:
         """A second, independent timing of ``spec`` (taken once; it replaces the first)."""
         key = spec.to_json(indent=None)
         if key not in self._confirmed:
-            self._memo[key] = self._measure(spec)
+            self._memo[key] = self._timed(spec)
             self._confirmed.add(key)
         return self._memo[key]
+
+    def _timed(self, spec: ArchSpec) -> tuple[dict[str, float], dict[str, float]]:
+        started = time.perf_counter()
+        try:
+            return self._measure(spec)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.timings += 1
 
 
 def corrected_budgets(inner: dict[str, float], budgets: dict[str, float],

@@ -397,7 +397,8 @@ def run_search(
     spec = space.spec_of(found.choice)
     prediction, checks = final_check(ctx, spec, limits)
     seconds = {"dnas": result.seconds, "scores_and_repair": t2 - t1 - final.seconds,
-               "selection": final.seconds, "total": result.seconds + (t2 - t1),
+               "selection": final.seconds, "final_pick": final.parts(),
+               "total": result.seconds + (t2 - t1),
                "cpu_total": result.cpu_seconds + (c2 - c1), "threads": torch.get_num_threads()}
     return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
                          checks=checks, dnas=result, discretized=found, seconds=seconds,
@@ -522,6 +523,7 @@ class FinalPick:
         self.met: list[Finalist] = []  # short-listed candidates that met as measured, all rounds
         self.chosen: Finalist | None = None
         self.seconds = 0.0
+        self._parts = {"candidates": 0.0, "short_distill": 0.0}
 
     def choose(self, finalists, carried: list[Finalist] = ()) -> Finalist:
         """The winner among ``finalists()`` (the method's own answer first) and ``carried``:
@@ -529,7 +531,9 @@ class FinalPick:
         tighter members' picks), which join the short list without taking a place in it."""
         started = time.perf_counter()
         k = self.config.selection.top_k
-        best, short = select(finalists(), k, self._score, self.memo)
+        candidates = finalists()
+        self._parts["candidates"] += time.perf_counter() - started
+        best, short = select(candidates, k, self._score, self.memo)
         taken = {f.choice for f in short}
         extra = [f for f in carried if f.choice not in taken and f.choice in self.memo]
         if k > 1 and extra:
@@ -575,9 +579,19 @@ class FinalPick:
         return out
 
     def _score(self, choices) -> list[dict[str, float]]:
-        space = self.ctx.space
-        return short_distill(self.ctx, self.config, self.progress)(
+        space, started = self.ctx.space, time.perf_counter()
+        scores = short_distill(self.ctx, self.config, self.progress)(
             [space.spec_of(c) for c in choices])
+        self._parts["short_distill"] += time.perf_counter() - started
+        return scores
+
+    def parts(self) -> dict[str, float]:
+        """Where the final pick's time went: building the candidates (repair and its
+        variants), their short distillations, and every timing on the target (the measured
+        loop's included: it shares this pick's timer)."""
+        timer = self.timer
+        return {**self._parts, "timing_on_target": timer.seconds if timer else 0.0,
+                "timings": timer.timings if timer else 0}
 
     def report(self) -> list[dict[str, Any]]:
         """The last round's short list, and the winner's row from its own round if an earlier
