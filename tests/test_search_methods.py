@@ -129,6 +129,51 @@ def test_every_candidate_that_could_meet_the_limit_is_timed(ctx):
                                 config=CONFIG.minitron).timed
 
 
+def test_the_spread_short_list_has_every_attention_shapes_largest(ctx):
+    """ModelOpt's top-k by parameters can hold one attention shape only; the spread short
+    list starts with the largest candidate of each shape, and timing (largest first) goes
+    on until each shape's largest that meets is known, so it equals timing them all."""
+    from autocompress.search.minitron import shortlist
+
+    pool = candidates(ctx.space, ctx.importance, CONFIG.minitron)
+    tpot = _tpot(ctx, pool)
+    budget = sorted(tpot)[len(tpot) // 2]
+    meeting = [c for c, t in zip(pool, tpot, strict=True) if t <= budget]
+    # Keep every candidate of the largest one's attention shape and only the smallest of
+    # each other shape: the largest by parameters are then all of one shape.
+    top_shape = max(meeting, key=lambda c: c.params).attention
+    smallest = {}
+    for c in sorted(meeting, key=lambda c: c.params):
+        smallest.setdefault(c.attention, c)
+    meeting = [c for c in meeting if c.attention == top_shape] + \
+        [c for a, c in smallest.items() if a != top_shape]
+    shapes = {c.attention for c in meeting}
+    assert len(shapes) >= 2 and sum(c.attention == top_shape for c in meeting) >= 4
+    for k in (2, 4):
+        spread = shortlist(meeting, CONFIG.minitron.model_copy(update={"top_k": k}))
+        largest = shortlist(meeting, CONFIG.minitron.model_copy(
+            update={"top_k": k, "shortlist": "largest"}))
+        assert len(spread) == len(largest) == k and len(set(map(id, spread))) == k
+        assert [c.params for c in largest] == sorted((c.params for c in meeting),
+                                                     reverse=True)[:k]
+        best_of = {a: max(c.params for c in meeting if c.attention == a) for a in shapes}
+        heads = sorted(best_of.values(), reverse=True)[:k]
+        assert [c.params for c in spread[: len(heads)]] == heads
+        assert {c.attention for c in largest} == {top_shape} != {c.attention for c in spread}
+
+    def as_predicted(spec):
+        predicted = ctx.cost_model.predict(spec, WORKLOAD).metrics()
+        return {m: predicted[m] for m in TIMING_METRICS}, {}
+
+    config = CONFIG.minitron.model_copy(update={"top_k": 2, "timing_band": 0.0})
+    quick = minitron_matched(ctx.space, ctx.importance, ctx.costs, {"tpot_ms": budget},
+                             as_predicted, config=config)
+    full = minitron_matched(ctx.space, ctx.importance, ctx.costs, {"tpot_ms": budget},
+                            as_predicted, config=config.model_copy(update={"time_all": True}))
+    assert [c.params for c in quick.scored] == [c.params for c in full.scored]
+    assert len({c.attention for c in quick.scored}) == 2 and len(quick.timed) < len(full.timed)
+
+
 def test_the_baselines_pick_must_meet_the_limit_in_a_second_timing_too(ctx):
     """As the search's: the largest feasible candidate reads 15% low in its first timing and
     meets; its second timing misses, so it drops out and the next largest wins."""
@@ -169,7 +214,7 @@ def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
                    CostModel.analytic(Target.parse("cpu-local/hf-eager/fp32")))
     limits = Limits(max_tpot_ms=1e3 * cpu.teacher_costs()["tpot_ms"])  # every candidate meets
     config = CONFIG.model_copy(update={"minitron": CONFIG.minitron.model_copy(update={
-        "top_k": 2, "distill_tokens": 2 * 4 * 32, "distill_seq_len": 32,
+        "top_k": 2, "shortlist": "largest", "distill_tokens": 2 * 4 * 32, "distill_seq_len": 32,
         "distill_batch_size": 4, "distill_lr": 3e-3})})
     outcome = run_minitron(cpu, limits=limits, config=config)
     report = outcome.report(cpu)

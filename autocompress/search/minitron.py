@@ -11,9 +11,9 @@ Follows ModelOpt / Minitron:
   width) and may drop the least important layers (block importance, cosine);
 - importance is Minitron's activation importance, the same orders the search's
   masks use (every candidate is a prefix of one order per axis);
-- among the candidates that meet the constraint, the ``top_k`` largest (ModelOpt
-  sorts its candidates by parameter count; ``top_k`` defaults to ModelOpt's 10)
-  are ranked by a score, and the best is kept;
+- among the candidates that meet the constraint, ``top_k`` (ModelOpt's default, 10)
+  are ranked by a score, and the best is kept; ModelOpt takes the ``top_k`` largest
+  by parameter count (``shortlist="largest"``);
 - the score is taken after a short distillation of each of them with the same
   small budget (the Minitron papers pick among candidates after light
   retraining: the ranking right after pruning is not the one after training);
@@ -34,11 +34,17 @@ Ours, so that the comparison with the search is fair:
   missed. "Could meet" = predicted within ``timing_band`` of every timing budget
   (and within the other budgets). Candidates are timed largest first, which is
   the order of the selection, and timing stops once ``top_k`` have met the
-  limits: smaller ones cannot enter the top-k, so the pick is the one timing
-  all of them would give (``time_all`` times all). A candidate at least as large
+  limits (and, for a spread short list, every attention shape has its largest
+  that met): smaller ones cannot enter the short list, so the pick is the one
+  timing all of them would give (``time_all`` times all). A candidate at least as large
   as a measured miss on every axis (width, heads, KV heads, FFN, layers kept) is
   recorded as a miss without being timed (timing is monotone in size; not with
   ``time_all``);
+- **the short list is spread** (``shortlist="spread"``, the default), as the search's is
+  spread over depths: the largest candidate of every attention shape first, then the
+  largest of the rest. Ranking by parameters alone favours candidates that keep the FFN
+  and hidden width and cut attention, which costs few parameters but much quality (on
+  SmolLM2 at 50% of its llama.cpp TPOT, all ten largest kept 2-4 of its 9 heads);
 - **the pick is timed a second time** (``confirm``), as the search's is: the best
   after the short distillation must meet the limits there too, else it drops out
   and the next is picked (among several candidates near the limit, the ones that
@@ -54,7 +60,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,7 +87,13 @@ class MinitronConfig(BaseModel):
         "the search space may empty, i.e. all but the protected ones).",
     )
     top_k: int = Field(default=10, ge=1,
-                       description="Largest feasible candidates that are scored (ModelOpt: 10).")
+                       description="Feasible candidates that are scored (ModelOpt: 10).")
+    shortlist: Literal["spread", "largest"] = Field(
+        default="spread",
+        description="Which top_k: 'largest' by parameters (ModelOpt), or 'spread': the largest "
+        "of every attention shape first, then the largest of the rest. Ranking by parameters "
+        "favours candidates that keep the FFN and hidden width and cut attention (cheap in "
+        "parameters, not in quality): on SmolLM2 the ten largest kept 2-4 of 9 heads.")
     depth_metric: str = Field(default="cosine", description="Block importance for depth pruning.")
     timing_band: float = Field(
         default=0.10, ge=0,
@@ -226,12 +238,34 @@ def _largest_first(cands: list[Candidate]) -> list[Candidate]:
     return sorted(cands, key=lambda c: (-c.params, len(c.dropped), c.hidden, c.attention, c.ffn))
 
 
+def shortlist(pool: list[Candidate], config: MinitronConfig) -> list[Candidate]:
+    """The ``top_k`` candidates that are scored (``config.shortlist``)."""
+    ranked = _largest_first(pool)
+    if config.shortlist == "largest":
+        return ranked[: config.top_k]
+    firsts: dict[int, Candidate] = {}
+    for cand in ranked:  # the largest of every attention shape, largest first
+        firsts.setdefault(cand.attention, cand)
+    heads = list(firsts.values())[: config.top_k]
+    return heads + [c for c in ranked if c not in heads][: config.top_k - len(heads)]
+
+
+def _short_list_settled(met: list[Candidate], untimed: list[Candidate],
+                        config: MinitronConfig) -> bool:
+    """Whether timing more candidates (smaller ones, largest first) can change the short list:
+    not once ``top_k`` met and, for 'spread', every attention shape still untimed has one."""
+    if len(met) < config.top_k:
+        return False
+    shapes = {c.attention for c in met}
+    return config.shortlist == "largest" or all(c.attention in shapes for c in untimed)
+
+
 # ------------------------------------------------------------------ selection
 
 
 def _pick(pool: list[Candidate], target: int, config: MinitronConfig, score: Score | None,
           mode: str, total: int) -> BaselineResult:
-    top = _largest_first(pool)[: config.top_k]
+    top = shortlist(pool, config)
     if score is not None and len(top) > 1:
         todo = [c for c in top if c.score is None]  # scored once, across re-picks
         for cand, value in zip(todo, score(todo) if todo else [], strict=True):
@@ -278,14 +312,15 @@ def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str
                     measure: Measure, config: MinitronConfig,
                     progress: Callable[[int, int], None] | None = None) -> list[Candidate]:
     """Time the candidates that could meet ``budgets``, largest first; returns those timed
-    (each with ``measured``/``noise``/``met``). Unless ``time_all``, it stops at ``top_k``
-    that met the budgets and marks a candidate covering a timed miss a miss untimed."""
+    (each with ``measured``/``noise``/``met``). Unless ``time_all``, it stops once more
+    timing cannot change the short list (``top_k`` met, and for 'spread' every attention
+    shape's largest that met) and marks a candidate covering a timed miss a miss untimed."""
     todo = _largest_first([c for c in pool if could_meet(c.costs, budgets, config.timing_band)])
     timed: list[Candidate] = []
     misses: list[Candidate] = []
-    met = 0
+    met: list[Candidate] = []
     for i, cand in enumerate(todo):
-        if met >= config.top_k and not config.time_all:
+        if not config.time_all and _short_list_settled(met, todo[i:], config):
             break
         cover = None if config.time_all else next(
             (m for m in misses if cand.covers(m, space)), None)
@@ -295,9 +330,7 @@ def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str
         cand.measured, cand.noise = measure(cand.spec)
         cand.met = meets_as_measured(cand.costs, cand.measured, cand.noise, budgets)
         timed.append(cand)
-        met += cand.met
-        if not cand.met:
-            misses.append(cand)
+        (met if cand.met else misses).append(cand)
         if progress is not None:
             progress(i + 1, len(todo))
     return timed
