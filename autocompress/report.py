@@ -59,15 +59,34 @@ HELDOUT = "heldout_loss"  # per-item key of the held-out windows (not a multiple
 
 
 def load_compare(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+    """A compare.json; ``FILE:METHOD[,METHOD...]`` keeps only those methods of its cells (to
+    put methods of one cell from two runs side by side: ``merge_compares``)."""
+    path, methods = Path(path), None
+    if not path.exists() and ":" in path.name:
+        name, _, wanted = path.name.rpartition(":")
+        path, methods = path.with_name(name), [m for m in wanted.split(",") if m]
     if not path.exists():
         raise AutoCompressError(f"{path} does not exist",
                                 hint="run `autocompress bench compare` first")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise AutoCompressError(f"{path} is not valid JSON ({err})",
                                 hint="re-run `autocompress bench compare`") from None
+    return data if methods is None else only_methods(data, methods, path.name)
+
+
+def only_methods(data: dict[str, Any], methods: list[str], name: str) -> dict[str, Any]:
+    """``data`` with only ``methods`` in each cell; each kept method says which file it is from."""
+    present = {m for run in data.get("runs", []) for m in run.get("methods", {})}
+    missing = [m for m in methods if m not in present]
+    if missing:
+        raise AutoCompressError(f"{name} has no method {', '.join(missing)}",
+                                hint=f"it has {', '.join(sorted(present)) or 'none'}")
+    source = {"file": name, "created": data.get("created")}
+    runs = [{**run, "methods": {m: {**v, "source": source} for m, v in run["methods"].items()
+                                if m in methods}} for run in data.get("runs", [])]
+    return {**data, "runs": [r for r in runs if r["methods"]]}
 
 
 def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
@@ -88,16 +107,16 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
             raise AutoCompressError(f"the comparisons differ in {', '.join(differs)}: their "
                                     "cells cannot share one table",
                                     hint="pass files of one target, teacher and baseline")
-    runs, cells = [], set()
+    runs, cells = [], {}
     for data in datas:
         for run in data.get("runs", []):
             cell = (run["preset"], run["budget_fraction"])
             if cell in cells:
-                raise AutoCompressError(f"{cell[0]} @ {cell[1]:.0%} is in more than one file",
-                                        hint="pass each cell once")
-            cells.add(cell)
-            runs.append({"settings": data.get("settings", {}), "machine": data.get("machine"),
-                         **run})
+                _join_cell(cells[cell], run)
+                continue
+            cells[cell] = {"settings": data.get("settings", {}), "machine": data.get("machine"),
+                           **run, "methods": dict(run.get("methods", {}))}
+            runs.append(cells[cell])
     settings = {**first.get("settings", {}),
                 "presets": sorted({p for d in datas for p in d.get("settings", {})
                                    .get("presets", [])})}
@@ -106,6 +125,21 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
             "reduced": any(d.get("reduced") for d in datas),
             "wall_s": sum(d.get("wall_s", 0) for d in datas),
             "not_run": [n for d in datas for n in d.get("not_run", [])]}
+
+
+def _join_cell(cell: dict[str, Any], run: dict[str, Any]) -> None:
+    """Add ``run``'s methods to the same cell from another file: only other methods, and only
+    under the same limits (the same cost model's budget), so a paired difference is fair."""
+    name = f"{run['preset']} @ {run['budget_fraction']:.0%}"
+    repeated = sorted(set(cell["methods"]) & set(run.get("methods", {})))
+    if repeated:
+        raise AutoCompressError(f"{name}: method {', '.join(repeated)} is in more than one file",
+                                hint="pass each cell once, or pick methods with FILE:METHOD")
+    if run.get("limits") != cell.get("limits"):
+        raise AutoCompressError(f"{name} has different limits in two files "
+                                f"({cell.get('limits')} vs {run.get('limits')})",
+                                hint="compare methods of one cell under the same limits")
+    cell["methods"].update(run.get("methods", {}))
 
 
 def method_label(method: str) -> str:
@@ -327,11 +361,27 @@ def readme_table(data: dict) -> str:
         note += ("\n_Δ: paired by benchmark item, mean over seeds, bootstrap 95% interval "
                  "over items and seeds (`autocompress.stats`); — where per-item scores "
                  "were not recorded._")
+    sources = _method_sources(data)
+    if sources:
+        note += "\n_Methods from several runs, paired under the same limits: " + "; ".join(
+            sources) + "._"
     if data.get("reduced"):
         note += "\n_REDUCED comparison (fewer presets, budgets or seeds than the issue asks)._"
     if data.get("synthetic"):
         note += "\n_SYNTHETIC test data, not a measurement._"
     return "\n".join(lines) + "\n" + note + "\n"
+
+
+def _method_sources(data: dict) -> list[str]:
+    """Where each method picked from a file (``FILE:METHOD``) came from."""
+    seen: dict[str, str] = {}
+    for run in data.get("runs", []):
+        for name, method in run.get("methods", {}).items():
+            if "source" in method:
+                src = method["source"]
+                seen.setdefault(name, f"{method_label(name)} from `{src['file']}` "
+                                      f"({src.get('created')})")
+    return list(seen.values())
 
 
 def _marker_span(text: str, block: str) -> tuple[int, int] | None:

@@ -307,3 +307,39 @@ def test_cells_of_several_files_share_one_table_and_a_clash_is_refused(tmp_path)
         report.merge_compares([first, first])
     with pytest.raises(AutoCompressError, match="differ in target"):
         report.merge_compares([first, {**second, "target": "cpu-local/y"}])
+
+
+def test_one_cells_methods_from_two_files_join_under_the_same_limits(tmp_path):
+    """`--json a.json:autocompress --json b.json`: AutoCompress of one run against the
+    baseline of another (e.g. a re-run baseline), paired per item; a method in both files, or
+    the same cell under different limits, is refused with one line."""
+    first = _synthetic(minitron_wins=False)
+    second = _synthetic(minitron_wins=True)  # its baseline scores 0.40, its search 0.30
+    for run in second["runs"]:
+        for seed in run["methods"]["minitron"]["seeds"]:
+            seed["per_item"] = _per_item(0.35)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    picked = report.load_compare(f"{a}:autocompress")
+    assert all(set(r["methods"]) == {"autocompress"} for r in picked["runs"])
+    assert picked["runs"][0]["methods"]["autocompress"]["source"]["file"] == "a.json"
+    merged = report.merge_compares([picked, report.load_compare(f"{b}:minitron")])
+    assert [set(r["methods"]) for r in merged["runs"]] == [{"autocompress", "minitron"}] * 2
+    delta = [r for r in report.table_rows(merged) if r["method"] == "AutoCompress"][0]["delta"]
+    assert float(delta.split()[0]) == pytest.approx(10.0)  # 0.45 against the other's 0.35
+    with pytest.raises(AutoCompressError, match="minitron is in more than one file"):
+        report.merge_compares([first, report.load_compare(f"{b}:minitron")])
+    with pytest.raises(AutoCompressError, match="has no method greedy"):
+        report.load_compare(f"{a}:greedy")
+    for run in second["runs"]:
+        run["limits"] = {"max_tpot_ms": 1.0}
+    with pytest.raises(AutoCompressError, match="different limits"):
+        report.merge_compares([picked, report.only_methods(second, ["minitron"], "b.json")])
+    args = ["bench", "readme-table", "--json", f"{a}:autocompress", "--json", f"{b}:minitron",
+            "--readme", str(tmp_path / "none.md")]
+    b.write_text(json.dumps(_synthetic(minitron_wins=True)))
+    result = CliRunner().invoke(_cli_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "AutoCompress" in result.output and "Minitron" in result.output
+    assert "AutoCompress from `a.json` (fixture); Minitron from `b.json`" in result.output

@@ -58,7 +58,9 @@ def _load(json_paths: list[Path]) -> dict:
 def report_command(
     json_paths: list[Path] = typer.Option([DEFAULT_JSON], "--json", help="compare.json to "
                                           "read; repeat it for cells written by several runs "
-                                          "(e.g. one preset each)."),
+                                          "(e.g. one preset each). FILE:METHOD[,METHOD] takes "
+                                          "only those methods, to pair one run's method with "
+                                          "another run's in the same cell (same limits)."),
     out_dir: Path = typer.Option(None, "--out", help="Folder for report.md + PNGs "
                                  "(default: beside the JSON)."),
     also: list[Path] = typer.Option([], "--also", help="Another compare.json (e.g. a reduced "
