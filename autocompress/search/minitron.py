@@ -90,10 +90,9 @@ class MinitronConfig(BaseModel):
                        description="Feasible candidates that are scored (ModelOpt: 10).")
     shortlist: Literal["spread", "largest"] = Field(
         default="spread",
-        description="Which top_k: 'largest' by parameters (ModelOpt), or 'spread': the largest "
-        "of every attention shape first, then the largest of the rest. Ranking by parameters "
-        "favours candidates that keep the FFN and hidden width and cut attention (cheap in "
-        "parameters, not in quality): on SmolLM2 the ten largest kept 2-4 of 9 heads.")
+        description="Which top_k: 'largest' by parameters (ModelOpt), or 'spread': the "
+        "largest of every attention shape first, then the largest of the rest (see the "
+        "module's docstring for why).")
     depth_metric: str = Field(default="cosine", description="Block importance for depth pruning.")
     timing_band: float = Field(
         default=0.10, ge=0,
