@@ -321,6 +321,9 @@ def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str
     for i, cand in enumerate(todo):
         if not config.time_all and _short_list_settled(met, todo[i:], config):
             break
+        if not config.time_all and len(met) >= config.top_k and \
+                cand.attention in {c.attention for c in met}:
+            continue  # its shape has its largest that met; top_k are met: it cannot enter
         cover = None if config.time_all else next(
             (m for m in misses if cand.covers(m, space)), None)
         if cover is not None:
