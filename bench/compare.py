@@ -82,15 +82,56 @@ def method_seeds(args: argparse.Namespace, method: str) -> list[int]:
     return args.seeds
 
 
+def earlier_limits(args: argparse.Namespace) -> dict[tuple[str, float], dict[str, float]]:
+    """``--limits-from``: each cell's limits in an earlier comparison's JSON, so that a
+    method added later (another day, another machine) runs under the very same limits
+    and its results join that file's in one table (``bench report --json FILE:METHOD``)."""
+    if not args.limits_from:
+        return {}
+    path = Path(args.limits_from)
+    try:
+        runs = json.loads(path.read_text())["runs"]
+        found = {(r["preset"], float(r["budget_fraction"])): r["limits"] for r in runs}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise AutoCompressError(f"cannot read the limits of {path} ({e})",
+                                hint="give a results JSON written by bench compare") from None
+    missing = [f"{p} @ {f:g}" for p in args.presets for f in args.budgets
+               if (p, f) not in found]
+    if missing:
+        raise AutoCompressError(f"{path} has no limits for {', '.join(missing)}",
+                                hint="run only the presets and budgets that file has")
+    return found
+
+
 def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One compress run per preset × budget × seed × method (seed 0 of every cell first,
-    so an interrupted comparison has whole cells to show)."""
+    so an interrupted comparison has whole cells to show). With ``--limits-from`` a run
+    gets that file's limits for its cell instead of its budget fraction."""
     seeds = sorted({s for m in args.methods for s in method_seeds(args, m)})
-    return [{"label": f"{preset}-{fraction:g}-{method}-s{seed}", "workload": preset,
-             "budget_fraction": fraction, "method": method,
+    fixed = earlier_limits(args)
+
+    def cell(preset: str, fraction: float) -> dict[str, Any]:
+        if fixed:
+            return {"limits": fixed[(preset, fraction)]}
+        return {"budget_fraction": fraction}
+
+    return [{"label": run_label(preset, fraction, method, seed), "workload": preset,
+             **cell(preset, fraction), "method": method,
              "options": stage_options(args, seed, fraction)}
             for seed in seeds for preset in args.presets for fraction in args.budgets
             for method in args.methods if seed in method_seeds(args, method)]
+
+
+def run_label(preset: str, fraction: float, method: str, seed: int) -> str:
+    return f"{preset}-{fraction:g}-{method}-s{seed}"
+
+
+def run_fraction(point, args: argparse.Namespace) -> float:
+    """The budget (cell) a sweep point belongs to, with or without ``--limits-from``."""
+    if "budget_fraction" in point.overrides:
+        return point.overrides["budget_fraction"]
+    return next(f for f in args.budgets for m in args.methods for s in method_seeds(args, m)
+                if point.label == run_label(point.overrides["workload"], f, m, s))
 
 
 def _merged(base: dict, extra: dict) -> dict:
@@ -231,7 +272,7 @@ def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict
     runs: dict[tuple[str, float], dict] = {}
     teacher: dict[str, Any] = {}
     for point in sweep_report.points:
-        preset, fraction = point.overrides["workload"], point.overrides["budget_fraction"]
+        preset, fraction = point.overrides["workload"], run_fraction(point, args)
         run = runs.setdefault((preset, fraction), {
             "preset": preset, "budget_fraction": fraction,
             "main_metric": get_workload(preset).main_metric,
@@ -320,6 +361,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="Timing repeats of the final check of each model on the target.")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the search "
                    "(timing uses the cost model's own count)")
+    p.add_argument("--limits-from", default=None, metavar="JSON",
+                   help="Run each cell under the limits an earlier comparison's JSON recorded "
+                   "for it (not the budget fraction of this machine's cost model), so methods "
+                   "added later join that file in one table.")
     p.add_argument("--options", default=None, help="More per-stage settings as JSON, merged "
                    'over the above, e.g. \'{"costmodel": {"n_probes": 8}}\'.')
     p.add_argument("--corpus", default=None, help="Corpus directory (default: the stdlib one).")

@@ -53,6 +53,34 @@ def test_sweep_covers_methods_seeds_presets_and_budgets(compare):
     assert len(runs) == 2 * 2 * (3 + 3 + 1 + 1)
 
 
+def test_limits_from_an_earlier_comparison_replace_the_budget_fraction(compare, tmp_path):
+    from autocompress.errors import AutoCompressError
+    from flows.sweep import SweepPoint
+
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": [
+        {"preset": "interactive-cpu", "budget_fraction": 0.5,
+         "limits": {"max_tpot_ms": 3.6886186682551267}},
+        {"preset": "interactive-cpu", "budget_fraction": 0.7, "limits": {"max_tpot_ms": 5.1}}]}))
+    args = compare.build_parser().parse_args([
+        "--presets", "interactive-cpu", "--budgets", "0.5", "--seeds", "0",
+        "--methods", "minitron", "--limits-from", str(earlier)])
+    (run,) = compare.sweep_runs(args)
+    # The earlier file's limit, bit for bit, and no fraction of this machine's cost model.
+    assert run["limits"] == {"max_tpot_ms": 3.6886186682551267}
+    assert "budget_fraction" not in run
+    point = SweepPoint(label=run["label"], overrides={k: v for k, v in run.items()
+                                                      if k != "label"})
+    assert compare.run_fraction(point, args) == 0.5
+    args.budgets = [0.4]  # a cell the earlier file does not have
+    with pytest.raises(AutoCompressError, match="no limits for interactive-cpu @ 0.4"):
+        compare.sweep_runs(args)
+    earlier.write_text("{}")
+    args.budgets = [0.5]
+    with pytest.raises(AutoCompressError, match="cannot read the limits"):
+        compare.sweep_runs(args)
+
+
 def _publish_json(store, tmp_path, name, data, kind):
     path = tmp_path / name
     path.write_text(json.dumps(data))
