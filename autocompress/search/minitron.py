@@ -58,6 +58,7 @@ Ours, so that the comparison with the search is fair:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -249,14 +250,16 @@ def shortlist(pool: list[Candidate], config: MinitronConfig) -> list[Candidate]:
     return heads + [c for c in ranked if c not in heads][: config.top_k - len(heads)]
 
 
-def _short_list_settled(met: list[Candidate], untimed: list[Candidate],
+def _short_list_settled(met: list[Candidate], untimed_shapes: Counter[int],
                         config: MinitronConfig) -> bool:
     """Whether timing more candidates (smaller ones, largest first) can change the short list:
-    not once ``top_k`` met and, for 'spread', every attention shape still untimed has one."""
+    not once ``top_k`` met and, for 'spread', every attention shape still untimed (counted
+    in ``untimed_shapes``) has one."""
     if len(met) < config.top_k:
         return False
     shapes = {c.attention for c in met}
-    return config.shortlist == "largest" or all(c.attention in shapes for c in untimed)
+    return config.shortlist == "largest" or all(
+        shape in shapes for shape, left in untimed_shapes.items() if left)
 
 
 # ------------------------------------------------------------------ selection
@@ -318,9 +321,11 @@ def time_candidates(space: SearchSpace, pool: list[Candidate], budgets: dict[str
     timed: list[Candidate] = []
     misses: list[Candidate] = []
     met: list[Candidate] = []
+    untimed_shapes = Counter(c.attention for c in todo)  # the shapes of todo[i:]
     for i, cand in enumerate(todo):
-        if not config.time_all and _short_list_settled(met, todo[i:], config):
+        if not config.time_all and _short_list_settled(met, untimed_shapes, config):
             break
+        untimed_shapes[cand.attention] -= 1
         if not config.time_all and len(met) >= config.top_k and \
                 cand.attention in {c.attention for c in met}:
             continue  # its shape has its largest that met; top_k are met: it cannot enter
