@@ -255,11 +255,29 @@ def detect_cpu(threads: int | None = None) -> CPUInfo:
     )
 
 
+# The vector and matrix extensions that decide which kernels torch and llama.cpp run.
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw",
+              "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """Which of ``SIMD_FLAGS`` the CPU reports (empty where /proc/cpuinfo is missing)."""
+    if not cpuinfo.exists():
+        return []
+    for line in cpuinfo.read_text(errors="replace").splitlines():
+        if line.lower().startswith("flags"):
+            present = set(line.split(":", 1)[1].split())
+            return [f for f in SIMD_FLAGS if f in present]
+    return []
+
+
 def machine_summary() -> dict[str, object]:
-    """What a benchmark or a per-machine decision records: CPU model, the kernels torch
-    picks on it, cores, torch threads and the load average (machines here differ)."""
+    """What a benchmark or a per-machine decision records: CPU model, its vector
+    extensions, the kernels torch picks on it, cores, torch threads and the load average
+    (machines here differ: one had AVX2 only, another AVX-512 and AMX)."""
     cpu = detect_cpu()
-    return {"cpu": cpu.model, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    return {"cpu": cpu.model, "cpu_flags": simd_flags(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cores": cpu.usable_cores, "torch_threads": cpu.torch_threads,
             "torch": torch.__version__, "loadavg_1_5_15": list(os.getloadavg())}
 

@@ -49,6 +49,19 @@ def test_no_driver_is_reported_not_raised():
         assert isinstance(error, str) and error or driver is not None
 
 
+def test_simd_flags_are_read_from_cpuinfo(tmp_path):
+    from autocompress.hardware import simd_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some Xeon\n"
+                       "flags\t\t: fpu sse4_2 avx avx2 fma avx512f amx_tile amx_bf16\n")
+    assert simd_flags(cpuinfo) == ["sse4_2", "avx", "avx2", "fma", "avx512f",
+                                   "amx_tile", "amx_bf16"]
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c\n")
+    assert "avx512f" not in simd_flags(cpuinfo)  # an AVX2-only EPYC
+    assert simd_flags(tmp_path / "missing") == []
+
+
 def test_robust_stat():
     stat = RobustStat.of([10, 11, 9, 10, 100], unit="ms")
     assert stat.median == 10 and stat.n == 5 and stat.q1 <= 10 <= stat.q3
