@@ -1,4 +1,4 @@
-"""CLI for the results area: `autocompress bench compare | report | readme-table`."""
+"""CLI for the results area: `autocompress bench compare | retime | report | readme-table`."""
 
 from __future__ import annotations
 
@@ -19,20 +19,27 @@ def register(app: typer.Typer) -> None:
     bench.command("compare", add_help_option=False,
                   context_settings={"allow_extra_args": True,
                                     "ignore_unknown_options": True})(compare_command)
+    bench.command("retime", add_help_option=False,
+                  context_settings={"allow_extra_args": True,
+                                    "ignore_unknown_options": True})(retime_command)
     bench.command("report")(report_command)
     bench.command("readme-table")(readme_table_command)
     app.add_typer(bench, name="bench")
 
 
 def _compare_module():
-    """``bench/compare.py`` of this source checkout (the benchmark is not packaged)."""
+    return _bench_module("compare")
+
+
+def _bench_module(name: str):
+    """``bench/NAME.py`` of this source checkout (the benchmarks are not packaged)."""
     from autocompress.errors import AutoCompressError
 
-    path = REPO / "bench" / "compare.py"
+    path = REPO / "bench" / f"{name}.py"
     if not path.exists():
-        raise AutoCompressError(f"{path} not found: `bench compare` runs from a source checkout",
+        raise AutoCompressError(f"{path} not found: `bench {name}` runs from a source checkout",
                                 hint="clone the repository and install it editable")
-    spec = importlib.util.spec_from_file_location("autocompress_bench_compare", path)
+    spec = importlib.util.spec_from_file_location(f"autocompress_bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -47,6 +54,15 @@ def compare_command(ctx: typer.Context) -> None:
     results/compare.json.
     """
     _compare_module().main(list(ctx.args), prog="autocompress bench compare")
+
+
+def retime_command(ctx: typer.Context) -> None:
+    """Re-time an earlier comparison's models on this machine, under the limits of a
+    comparison run here, so that methods run on two machines pair in one table.
+
+    The options are bench/retime.py's (`autocompress bench retime --help` lists them).
+    """
+    _bench_module("retime").main(list(ctx.args), prog="autocompress bench retime")
 
 
 def _load(json_paths: list[Path]) -> dict:
