@@ -260,15 +260,20 @@ SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "av
               "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 
-def simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
-    """Which of ``SIMD_FLAGS`` the CPU reports (empty where /proc/cpuinfo is missing)."""
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The first processor's feature flags (empty where /proc/cpuinfo is absent)."""
     if not cpuinfo.exists():
-        return []
+        return set()
     for line in cpuinfo.read_text(errors="replace").splitlines():
-        if line.lower().startswith("flags"):
-            present = set(line.split(":", 1)[1].split())
-            return [f for f in SIMD_FLAGS if f in present]
-    return []
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """Which of ``SIMD_FLAGS`` the CPU reports, in that order."""
+    present = cpu_flags(cpuinfo)
+    return [f for f in SIMD_FLAGS if f in present]
 
 
 def machine_summary() -> dict[str, object]:

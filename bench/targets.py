@@ -39,6 +39,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autocompress.hardware import cpu_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 MEASURED = ["cpu-local/hf-eager/fp32", "cpu-local/llama.cpp/f32", "cpu-local/llama.cpp/q4_0"]
@@ -68,16 +70,6 @@ OPTIONS: dict[str, dict[str, Any]] = {
                 "ckpt_every": 10, "bf16": False, "warmup_steps": 2},
     "verify": {"repeats": 3},
 }
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The first processor's feature flags (empty where /proc/cpuinfo is absent)."""
-    if not cpuinfo.exists():
-        return set()
-    for line in cpuinfo.read_text(errors="replace").splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def native_bf16(flags: set[str]) -> list[str]:
