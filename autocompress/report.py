@@ -89,6 +89,13 @@ def only_methods(data: dict[str, Any], methods: list[str], name: str) -> dict[st
     return {**data, "runs": [r for r in runs if r["methods"]]}
 
 
+def _teacher_identity(data: dict[str, Any]) -> str | None:
+    """The teacher's content hash (one teacher in two artifact stores is one teacher), else
+    its directory."""
+    teacher = data.get("teacher", {})
+    return teacher.get("sha") or teacher.get("dir")
+
+
 def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
     """Several compare.json files (e.g. one per preset, each from its own invocation) as one:
     their cells side by side. They must share the target, teacher, baseline and kind
@@ -101,7 +108,7 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
     same = ("target", "baseline", "synthetic")
     for other in datas[1:]:
         differs = [k for k in same if other.get(k) != first.get(k)]
-        if other.get("teacher", {}).get("dir") != first.get("teacher", {}).get("dir"):
+        if _teacher_identity(other) != _teacher_identity(first):
             differs.append("teacher")
         if differs:
             raise AutoCompressError(f"the comparisons differ in {', '.join(differs)}: their "

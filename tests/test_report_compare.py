@@ -307,6 +307,14 @@ def test_cells_of_several_files_share_one_table_and_a_clash_is_refused(tmp_path)
         report.merge_compares([first, first])
     with pytest.raises(AutoCompressError, match="differ in target"):
         report.merge_compares([first, {**second, "target": "cpu-local/y"}])
+    # One teacher (its content hash) in two artifact stores is one teacher; two are not.
+    def stored(data, where, sha):
+        return {**data, "teacher": {**data["teacher"], "dir": where, "sha": sha}}
+
+    report.merge_compares([stored(first, "file:///a/t", "s1"), stored(second, "file:///b/t", "s1")])
+    with pytest.raises(AutoCompressError, match="differ in teacher"):
+        report.merge_compares([stored(first, "file:///a/t", "s1"),
+                               stored(second, "file:///a/t", "s2")])
 
 
 def test_one_cells_methods_from_two_files_join_under_the_same_limits(tmp_path):
