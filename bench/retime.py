@@ -8,7 +8,8 @@ depend on the machine; its cost does. This script re-times every architecture th
 earlier ``bench compare`` JSON recorded, on this machine and target, with the check users
 run (``autocompress.verify.verify``, as the flow's verify stage), under the limits of the
 same cell in a comparison run here (``--limits-from``), and writes a copy of the earlier
-JSON whose measured costs, verify results and limits are this machine's. The originals
+JSON whose measured and predicted costs, verify results and limits are this
+machine's. The originals
 stay beside them (``measured_elsewhere``). Then
 
     autocompress bench readme-table --json OLD_retimed.json:autocompress --json NEW.json:minitron
@@ -35,8 +36,8 @@ from typing import Any
 from autocompress.errors import AutoCompressError
 
 # What a comparison records of a model's timing on the target (bench/compare.py).
-TIMING_FIELDS = ("measured", "noise", "verify_ok", "violations", "prediction_error",
-                 "measurement")
+TIMING_FIELDS = ("measured", "noise", "predicted", "verify_ok", "violations",
+                 "prediction_error", "measurement")
 
 
 def cell_limits(data: dict, path: str) -> dict[tuple[str, float], dict[str, float]]:
@@ -75,7 +76,8 @@ def time_arch(arch: dict, teacher_dir: Path, target: str, preset: str,
         report = verify(tmp, target, preset, Limits.model_validate(limits), repeats=repeats,
                         cost_model=cost_model).model_dump(mode="json")
     return {"measured": report["measured"], "noise": report["noise"],
-            "verify_ok": report["ok"], "violations": report["violations"],
+            "predicted": report["predicted"], "verify_ok": report["ok"],
+            "violations": report["violations"],
             "prediction_error": report["prediction_error"],
             "measurement": {k: report["measurement"].get(k)
                             for k in ("ttft_ms", "tpot_ms", "repeats", "threads")}}

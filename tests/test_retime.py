@@ -61,6 +61,7 @@ def test_models_are_re_timed_here_under_the_limits_of_a_run_here(retime, tmp_pat
     # Timed here: a real measurement, not the fixture's 9.9 ms, which is kept beside it.
     assert entry["measured"]["tpot_ms"] != 9.9 and entry["measured"]["tpot_ms"] > 0
     assert entry["measured_elsewhere"]["measured"] == {"tpot_ms": 9.9}
+    assert entry["predicted"]["tpot_ms"] > 0  # this machine's cost model's, beside the timing
     assert entry["verify_ok"] and entry["measurement"]["repeats"] == 1
     assert data["machine_elsewhere"] == {"cpu": "elsewhere"}
     assert data["machine"]["cpu_flags"] is not None
