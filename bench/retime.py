@@ -40,10 +40,17 @@ TIMING_FIELDS = ("measured", "noise", "predicted", "verify_ok", "violations",
                  "prediction_error", "measurement")
 
 
-def cell_limits(data: dict, path: str) -> dict[tuple[str, float], dict[str, float]]:
-    """Each cell's limits in a comparison JSON, keyed by (preset, budget fraction)."""
+# What a comparison records per cell of the machine it ran on: the limits, and the teacher's
+# predicted and measured cost there.
+CELL_FIELDS = ("limits", "teacher_predicted", "teacher_verify", "cost_model")
+
+
+def cells_of(data: dict, path: str) -> dict[tuple[str, float], dict[str, Any]]:
+    """Each cell's ``CELL_FIELDS`` in a comparison JSON, keyed by (preset, budget fraction)."""
     try:
-        return {(r["preset"], float(r["budget_fraction"])): r["limits"] for r in data["runs"]}
+        return {(r["preset"], float(r["budget_fraction"])):
+                {**{k: r.get(k) for k in CELL_FIELDS}, "limits": r["limits"]}  # limits: required
+                for r in data["runs"]}
     except (KeyError, TypeError, ValueError) as e:
         raise AutoCompressError(f"{path} has no cells with limits ({e})",
                                 hint="give a results JSON written by bench compare") from None
@@ -83,17 +90,19 @@ def time_arch(arch: dict, teacher_dir: Path, target: str, preset: str,
                             for k in ("ttft_ms", "tpot_ms", "repeats", "threads")}}
 
 
-def retimed(data: dict, methods: list[str] | None, limits: dict[tuple[str, float], dict],
+def retimed(data: dict, methods: list[str] | None, cells: dict[tuple[str, float], dict],
             timer) -> dict:
     """A copy of ``data`` with every kept method's seeds re-timed by ``timer(arch, preset,
-    limits)`` under ``limits`` of their cell; the first timings stay as ``measured_elsewhere``."""
+    limits)`` under the limits of their cell in ``cells``, whose teacher costs replace the
+    cell's too; what was there before stays as ``measured_elsewhere`` / ``*_elsewhere``."""
     out = copy.deepcopy(data)
     for run in out["runs"]:
         cell = (run["preset"], float(run["budget_fraction"]))
-        if cell not in limits:
+        if cell not in cells:
             raise AutoCompressError(f"no limits for {cell[0]} @ {cell[1]:g}",
                                     hint="give --limits-from a comparison with that cell")
-        run["limits_elsewhere"], run["limits"] = run.get("limits"), limits[cell]
+        for key in CELL_FIELDS:
+            run[f"{key}_elsewhere"], run[key] = run.get(key), cells[cell][key]
         for name in list(run["methods"]):
             if methods is not None and name not in methods:
                 del run["methods"][name]
@@ -111,7 +120,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="Only these methods (default: every method in the file).")
     p.add_argument("--limits-from", default=None, metavar="JSON",
                    help="A comparison run on this machine: each cell is checked against its "
-                   "limits (default: the earlier file's own limits).")
+                   "limits, and takes its teacher's costs (default: the earlier file's own).")
     p.add_argument("--target", default=None,
                    help="Target to time on (default: the earlier comparison's).")
     p.add_argument("--cost-model", default=None, metavar="COSTMODEL_JSON",
@@ -130,8 +139,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
 
     args = build_parser(prog).parse_args(argv)
     data = read_json(args.json)
-    limits = cell_limits(read_json(args.limits_from) if args.limits_from else data,
-                         args.limits_from or args.json)
+    cells = cells_of(read_json(args.limits_from) if args.limits_from else data,
+                     args.limits_from or args.json)
     target = args.target or data["target"]
     teacher_dir = resolve_model_dir(data["settings"]["teacher"])
     cost_model = (CostModel.load(args.cost_model) if args.cost_model
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     def timer(arch: dict, preset: str, cell: dict) -> dict:
         return time_arch(arch, teacher_dir, target, preset, cell, args.repeats, cost_model)
 
-    out = retimed(data, args.methods, limits, timer)
+    out = retimed(data, args.methods, cells, timer)
     out["retimed"] = {"from": args.json, "limits_from": args.limits_from, "target": target,
                       "cost_model": cost_model.version, "repeats": args.repeats,
                       "created": datetime.now(UTC).isoformat(timespec="seconds")}

@@ -84,9 +84,16 @@ def test_a_limit_missed_here_is_a_failed_verify(retime):
         return {"measured": {"tpot_ms": 5.0}, "noise": {"tpot_ms": 0.1}, "verify_ok": False,
                 "violations": ["tpot_ms"], "prediction_error": {}, "measurement": {}}
 
-    out = retime.retimed(data, None, {("interactive-cpu", 0.5): {"max_tpot_ms": 4.0}}, timer)
+    data["runs"][0]["teacher_verify"] = {"measured": {"tpot_ms": 7.2}}
+    here = {"limits": {"max_tpot_ms": 4.0}, "teacher_verify": {"measured": {"tpot_ms": 5.5}},
+            "teacher_predicted": {"tpot_ms": 5.4}, "cost_model": "here"}
+    out = retime.retimed(data, None, {("interactive-cpu", 0.5): here}, timer)
     assert seen == [(2, "interactive-cpu", {"max_tpot_ms": 4.0})]
-    assert out["runs"][0]["methods"]["autocompress"]["seeds"][0]["violations"] == ["tpot_ms"]
+    run = out["runs"][0]
+    assert run["methods"]["autocompress"]["seeds"][0]["violations"] == ["tpot_ms"]
+    # The cell's teacher is this machine's too, the other's kept beside it.
+    assert run["teacher_verify"]["measured"]["tpot_ms"] == 5.5 and run["cost_model"] == "here"
+    assert run["teacher_verify_elsewhere"]["measured"]["tpot_ms"] == 7.2
     assert data["runs"][0]["limits"] == {"max_tpot_ms": 3.69}  # the input is not changed
     with pytest.raises(AutoCompressError, match="no limits for interactive-cpu @ 0.5"):
-        retime.retimed(data, None, {("interactive-cpu", 0.4): {"max_tpot_ms": 4.0}}, timer)
+        retime.retimed(data, None, {("interactive-cpu", 0.4): here}, timer)
