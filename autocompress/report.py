@@ -89,6 +89,17 @@ def only_methods(data: dict[str, Any], methods: list[str], name: str) -> dict[st
     return {**data, "runs": [r for r in runs if r["methods"]]}
 
 
+def cells_with_limits(data: dict[str, Any], name: str) -> dict[tuple[str, float], dict[str, Any]]:
+    """The cells (runs) of a compare.json keyed by (preset, budget fraction), each with the
+    limits it ran under (``bench compare --limits-from``, ``bench retime``)."""
+    try:
+        return {(r["preset"], float(r["budget_fraction"])): {**r, "limits": r["limits"]}
+                for r in data["runs"]}
+    except (KeyError, TypeError, ValueError) as e:
+        raise AutoCompressError(f"cannot read the limits of {name} ({e})",
+                                hint="give a results JSON written by bench compare") from None
+
+
 def _teacher_identity(data: dict[str, Any]) -> str | None:
     """The teacher's content hash (one teacher in two artifact stores is one teacher), else
     its directory."""

@@ -84,23 +84,19 @@ def method_seeds(args: argparse.Namespace, method: str) -> list[int]:
 
 def earlier_limits(args: argparse.Namespace) -> dict[tuple[str, float], dict[str, float]]:
     """``--limits-from``: each cell's limits in an earlier comparison's JSON, so that a
-    method added later (another day, another machine) runs under the very same limits
-    and its results join that file's in one table (``bench report --json FILE:METHOD``)."""
+    method added later on this machine runs under the very same limits and its results
+    join that file's in one table (``bench report --json FILE:METHOD``)."""
     if not args.limits_from:
         return {}
-    path = Path(args.limits_from)
-    try:
-        runs = json.loads(path.read_text())["runs"]
-        found = {(r["preset"], float(r["budget_fraction"])): r["limits"] for r in runs}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise AutoCompressError(f"cannot read the limits of {path} ({e})",
-                                hint="give a results JSON written by bench compare") from None
+    from autocompress.report import cells_with_limits, load_compare
+
+    found = cells_with_limits(load_compare(args.limits_from), args.limits_from)
     missing = [f"{p} @ {f:g}" for p in args.presets for f in args.budgets
                if (p, f) not in found]
     if missing:
-        raise AutoCompressError(f"{path} has no limits for {', '.join(missing)}",
+        raise AutoCompressError(f"{args.limits_from} has no limits for {', '.join(missing)}",
                                 hint="run only the presets and budgets that file has")
-    return found
+    return {cell: run["limits"] for cell, run in found.items()}
 
 
 def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,25 +42,6 @@ TIMING_FIELDS = ("measured", "noise", "predicted", "verify_ok", "violations",
 # What a comparison records per cell of the machine it ran on: the limits, and the teacher's
 # predicted and measured cost there.
 CELL_FIELDS = ("limits", "teacher_predicted", "teacher_verify", "cost_model")
-
-
-def cells_of(data: dict, path: str) -> dict[tuple[str, float], dict[str, Any]]:
-    """Each cell's ``CELL_FIELDS`` in a comparison JSON, keyed by (preset, budget fraction)."""
-    try:
-        return {(r["preset"], float(r["budget_fraction"])):
-                {**{k: r.get(k) for k in CELL_FIELDS}, "limits": r["limits"]}  # limits: required
-                for r in data["runs"]}
-    except (KeyError, TypeError, ValueError) as e:
-        raise AutoCompressError(f"{path} has no cells with limits ({e})",
-                                hint="give a results JSON written by bench compare") from None
-
-
-def read_json(path: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise AutoCompressError(f"cannot read {path} ({e})",
-                                hint="give a results JSON written by bench compare") from None
 
 
 def time_arch(arch: dict, teacher_dir: Path, target: str, preset: str,
@@ -93,8 +73,9 @@ def time_arch(arch: dict, teacher_dir: Path, target: str, preset: str,
 def retimed(data: dict, methods: list[str] | None, cells: dict[tuple[str, float], dict],
             timer) -> dict:
     """A copy of ``data`` with every kept method's seeds re-timed by ``timer(arch, preset,
-    limits)`` under the limits of their cell in ``cells``, whose teacher costs replace the
-    cell's too; what was there before stays as ``measured_elsewhere`` / ``*_elsewhere``."""
+    limits)`` under the limits of their cell in ``cells`` (``report.cells_with_limits``),
+    whose ``CELL_FIELDS`` replace the cell's; what was there before stays as
+    ``measured_elsewhere`` / ``*_elsewhere``."""
     out = copy.deepcopy(data)
     for run in out["runs"]:
         cell = (run["preset"], float(run["budget_fraction"]))
@@ -102,7 +83,7 @@ def retimed(data: dict, methods: list[str] | None, cells: dict[tuple[str, float]
             raise AutoCompressError(f"no limits for {cell[0]} @ {cell[1]:g}",
                                     hint="give --limits-from a comparison with that cell")
         for key in CELL_FIELDS:
-            run[f"{key}_elsewhere"], run[key] = run.get(key), cells[cell][key]
+            run[f"{key}_elsewhere"], run[key] = run.get(key), cells[cell].get(key)
         for name in list(run["methods"]):
             if methods is not None and name not in methods:
                 del run["methods"][name]
@@ -135,12 +116,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     from autocompress.atomic import write_json_atomic
     from autocompress.costmodel import CostModel
     from autocompress.costmodel.target import Target
+    from autocompress.hardware import machine_summary
     from autocompress.paths import resolve_model_dir
+    from autocompress.report import cells_with_limits, load_compare
 
     args = build_parser(prog).parse_args(argv)
-    data = read_json(args.json)
-    cells = cells_of(read_json(args.limits_from) if args.limits_from else data,
-                     args.limits_from or args.json)
+    inputs = [Path(p).resolve() for p in (args.json, args.limits_from) if p]
+    if Path(args.out).resolve() in inputs:
+        raise AutoCompressError(f"--out {args.out} is one of the inputs",
+                                hint="write the re-timed copy to a new file")
+    data = load_compare(args.json)
+    cells = cells_with_limits(load_compare(args.limits_from) if args.limits_from else data,
+                              args.limits_from or args.json)
     target = args.target or data["target"]
     teacher_dir = resolve_model_dir(data["settings"]["teacher"])
     cost_model = (CostModel.load(args.cost_model) if args.cost_model
@@ -153,8 +140,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     out["retimed"] = {"from": args.json, "limits_from": args.limits_from, "target": target,
                       "cost_model": cost_model.version, "repeats": args.repeats,
                       "created": datetime.now(UTC).isoformat(timespec="seconds")}
-    from autocompress.hardware import machine_summary
-
     out["machine_elsewhere"], out["machine"] = data.get("machine"), machine_summary()
     write_json_atomic(Path(args.out), out)
     for run in out["runs"]:

@@ -75,6 +75,18 @@ def test_models_are_re_timed_here_under_the_limits_of_a_run_here(retime, tmp_pat
                                report.load_compare(f"{here}:minitron")])
 
 
+def test_the_re_timed_copy_never_overwrites_an_input(retime, tmp_path):
+    earlier = tmp_path / "earlier.json"
+    text = json.dumps(_comparison({"autocompress": 2}, {"max_tpot_ms": 3.69}))
+    earlier.write_text(text)
+    with pytest.raises(AutoCompressError, match="is one of the inputs"):
+        retime.main(["--json", str(earlier), "--out", str(earlier)])
+    assert earlier.read_text() == text
+    with pytest.raises(AutoCompressError, match="does not exist"):
+        retime.main(["--json", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o.json")])
+    assert not (tmp_path / "o.json").exists()
+
+
 def test_a_limit_missed_here_is_a_failed_verify(retime):
     data = _comparison({"autocompress": 2}, {"max_tpot_ms": 3.69})
     seen = []
