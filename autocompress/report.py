@@ -146,18 +146,44 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _join_cell(cell: dict[str, Any], run: dict[str, Any]) -> None:
-    """Add ``run``'s methods to the same cell from another file: only other methods, and only
-    under the same limits (the same cost model's budget), so a paired difference is fair."""
+    """Add ``run``'s methods to the same cell from another file, only under the same limits
+    (the same cost model's budget), so a paired difference is fair. A method already in the
+    cell gains the other file's seeds (e.g. seed 1 run later), if none of them repeats."""
     name = f"{run['preset']} @ {run['budget_fraction']:.0%}"
-    repeated = sorted(set(cell["methods"]) & set(run.get("methods", {})))
-    if repeated:
-        raise AutoCompressError(f"{name}: method {', '.join(repeated)} is in more than one file",
-                                hint="pass each cell once, or pick methods with FILE:METHOD")
     if run.get("limits") != cell.get("limits"):
         raise AutoCompressError(f"{name} has different limits in two files "
                                 f"({cell.get('limits')} vs {run.get('limits')})",
                                 hint="compare methods of one cell under the same limits")
-    cell["methods"].update(run.get("methods", {}))
+    for method, entry in run.get("methods", {}).items():
+        if method not in cell["methods"]:
+            cell["methods"][method] = entry
+            continue
+        cell["methods"][method] = _join_seeds(cell["methods"][method], entry, method, name)
+
+
+def _join_seeds(have: dict[str, Any], more: dict[str, Any], method: str, cell: str
+                ) -> dict[str, Any]:
+    """One method's seeds from two files; each seed keeps the file it came from."""
+    def seed_ids(m: dict[str, Any]) -> set[int]:
+        ran = {e.get("seed", 0) for e in m.get("seeds", [m])}
+        return ran | {int(s) for s in m.get("failed", {})}
+
+    repeated = sorted(seed_ids(have) & seed_ids(more))
+    if repeated:
+        raise AutoCompressError(f"{cell}: {method} is in more than one file with seed "
+                                f"{', '.join(map(str, repeated))}",
+                                hint="pass each seed once, or pick methods with FILE:METHOD")
+
+    def tagged(m: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{**e, "source": e.get("source", m.get("source"))} for e in m.get("seeds", [m])]
+
+    return {**have, "seeds": sorted(tagged(have) + tagged(more), key=lambda e: e.get("seed", 0)),
+            "failed": {**have.get("failed", {}), **more.get("failed", {})},
+            "sources": [*_sources(have), *_sources(more)]}
+
+
+def _sources(method: dict[str, Any]) -> list[dict[str, Any]]:
+    return method.get("sources") or ([method["source"]] if method.get("source") else [])
 
 
 def method_label(method: str) -> str:
@@ -395,10 +421,9 @@ def _method_sources(data: dict) -> list[str]:
     seen: dict[str, str] = {}
     for run in data.get("runs", []):
         for name, method in run.get("methods", {}).items():
-            if "source" in method:
-                src = method["source"]
-                seen.setdefault(name, f"{method_label(name)} from `{src['file']}` "
-                                      f"({src.get('created')})")
+            files = [f"`{src['file']}` ({src.get('created')})" for src in _sources(method)]
+            if files:
+                seen.setdefault(name, f"{method_label(name)} from {' and '.join(files)}")
     return list(seen.values())
 
 

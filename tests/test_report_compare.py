@@ -317,6 +317,36 @@ def test_cells_of_several_files_share_one_table_and_a_clash_is_refused(tmp_path)
                                stored(second, "file:///a/t", "s2")])
 
 
+def test_a_later_seed_from_another_file_joins_its_method(tmp_path):
+    """Seed 1 run later (its own `bench compare --seeds 1`) joins seed 0 of the same method
+    and cell: one row over both seeds, each seed naming its file; a seed in both files is
+    refused."""
+    def one_seed(seed: int, mc_autocompress: float) -> dict:
+        data = _synthetic(minitron_wins=False, seeds=1)
+        for run in data["runs"]:
+            for m in run["methods"].values():
+                m["seeds"][0]["seed"] = seed
+            entry = run["methods"]["autocompress"]["seeds"][0]
+            entry["scores"]["mc_mean"] = mc_autocompress
+            entry["per_item"] = _per_item(mc_autocompress)
+        return data
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(one_seed(0, 0.45)))
+    b.write_text(json.dumps(one_seed(1, 0.55)))
+    merged = report.merge_compares([report.load_compare(a),
+                                    report.load_compare(f"{b}:autocompress,minitron")])
+    for run in merged["runs"]:
+        seeds = run["methods"]["autocompress"]["seeds"]
+        assert [e["seed"] for e in seeds] == [0, 1]
+        assert seeds[0]["source"] is None and seeds[1]["source"]["file"] == "b.json"
+    row = [r for r in report.table_rows(merged) if r["method"] == "AutoCompress"][0]
+    assert row["seeds"] == "2/2" and row["mc_mean"].startswith("0.500 ± 0.071")
+    assert float(row["delta"].split()[0]) == pytest.approx(10.0)  # (0.45 + 0.55) / 2 - 0.40
+    with pytest.raises(AutoCompressError, match="autocompress is in more than one file with seed"):
+        report.merge_compares([report.load_compare(b), report.load_compare(f"{b}:autocompress")])
+
+
 def test_one_cells_methods_from_two_files_join_under_the_same_limits(tmp_path):
     """`--json a.json:autocompress --json b.json`: AutoCompress of one run against the
     baseline of another (e.g. a re-run baseline), paired per item; a method in both files, or
