@@ -112,7 +112,7 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
     their cells side by side. They must share the target, teacher, baseline and kind
     (synthetic or not); a cell (preset × budget) may appear once. Each run keeps the
     settings and machine of its own file; the top level is the first file's, with the
-    presets of all, the latest ``created``, the summed wall time."""
+    presets and seeds of all, the latest ``created``, the summed wall time."""
     if len(datas) == 1:
         return datas[0]
     first = datas[0]
@@ -135,9 +135,12 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
             cells[cell] = {"settings": data.get("settings", {}), "machine": data.get("machine"),
                            **run, "methods": dict(run.get("methods", {}))}
             runs.append(cells[cell])
-    settings = {**first.get("settings", {}),
-                "presets": sorted({p for d in datas for p in d.get("settings", {})
-                                   .get("presets", [])})}
+    def union(key: str) -> list:
+        return sorted({v for d in datas for v in d.get("settings", {}).get(key, [])})
+
+    settings = {**first.get("settings", {}), "presets": union("presets")}
+    if union("seeds"):  # version-2 files name one ``seed``
+        settings["seeds"] = union("seeds")
     return {**first, "runs": runs, "settings": settings,
             "created": max(d.get("created", "") for d in datas),
             "reduced": any(d.get("reduced") for d in datas),
