@@ -323,6 +323,7 @@ def test_a_later_seed_from_another_file_joins_its_method(tmp_path):
     refused."""
     def one_seed(seed: int, mc_autocompress: float) -> dict:
         data = _synthetic(minitron_wins=False, seeds=1)
+        data["settings"]["seeds"] = [seed]
         for run in data["runs"]:
             for m in run["methods"].values():
                 m["seeds"][0]["seed"] = seed
