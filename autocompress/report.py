@@ -144,7 +144,7 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "runs": runs, "settings": settings,
             "created": max(d.get("created", "") for d in datas),
             "reduced": any(d.get("reduced") for d in datas),
-            "wall_s": sum(d.get("wall_s", 0) for d in datas),
+            "wall_s": sum(d.get("wall_s", 0) for d in datas), "invocations": len(datas),
             "not_run": [n for d in datas for n in d.get("not_run", [])]}
 
 
@@ -848,10 +848,16 @@ def _settings_text(data: dict) -> str:
             + (f" More stage options: `{s['options']}`." if s.get("options") else ""))
 
 
+def _wall_text(data: dict) -> str:
+    runs = data.get("invocations", 1)
+    which = "the last invocation" if runs == 1 else f"its {runs} invocations, summed,"
+    return f"wall time of {which} {data.get('wall_s', 0):.0f} s"
+
+
 def _provenance(data: dict) -> str:
     return (f"Target `{data.get('target')}`; teacher `{data.get('teacher', {}).get('dir')}`; "
-            f"created {data.get('created')}; wall time of the last invocation "
-            f"{data.get('wall_s', 0):.0f} s (stages cached by earlier ones are not in it); "
+            f"created {data.get('created')}; {_wall_text(data)} "
+            "(stages cached by earlier ones are not in it); "
             f"search + distillation + evaluation of every model, cached or not: "
             f"{compute_seconds(data):.0f} s.")
 

@@ -342,6 +342,7 @@ def test_a_later_seed_from_another_file_joins_its_method(tmp_path):
         assert [e["seed"] for e in seeds] == [0, 1]
         assert seeds[0]["source"] is None and seeds[1]["source"]["file"] == "b.json"
     assert merged["settings"]["seeds"] == [0, 1]
+    assert "wall time of its 2 invocations, summed, 2 s" in report._provenance(merged)
     row = [r for r in report.table_rows(merged) if r["method"] == "AutoCompress"][0]
     assert row["seeds"] == "2/2" and row["mc_mean"].startswith("0.500 ± 0.071")
     assert float(row["delta"].split()[0]) == pytest.approx(10.0)  # (0.45 + 0.55) / 2 - 0.40
