@@ -139,8 +139,9 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
         return sorted({v for d in datas for v in d.get("settings", {}).get(key, [])})
 
     settings = {**first.get("settings", {}), "presets": union("presets")}
-    if union("seeds"):  # version-2 files name one ``seed``
-        settings["seeds"] = union("seeds")
+    seeds = union("seeds")
+    if seeds:  # version-2 files name one ``seed``
+        settings["seeds"] = seeds
     return {**first, "runs": runs, "settings": settings,
             "created": max(d.get("created", "") for d in datas),
             "reduced": any(d.get("reduced") for d in datas),
