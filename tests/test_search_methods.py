@@ -251,7 +251,7 @@ def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
 def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(ctx):
     from autocompress.search.discretize import measured_scores, repair, within_radius
     from autocompress.search.run import run_search
-    from autocompress.search.selection import repaired_finalists, select, shortlist
+    from autocompress.search.selection import probe_places, repaired_finalists, select, shortlist
     from autocompress.search.space import Choice
 
     limits = Limits(max_tpot_ms=0.6 * ctx.teacher_costs()["tpot_ms"])
@@ -261,9 +261,14 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     short = outcome.report(ctx)["selection"]
     assert 3 <= len(short) <= CONFIG.selection.top_k
     assert short[0]["origin"] == "repair"  # repair's own answer is always in
-    # Half the list comes from repair at the teacher (the greedy ablation's candidates).
-    teacher_side = [f for f in short if f["origin"].startswith("teacher: ")]
-    assert 0 < len(teacher_side) <= len(short) // 2 + 1
+    # Each side's best (repair at the teacher is the greedy ablation's side) is distilled
+    # first; the side that scored lower fills the rest of the list before the other.
+    probe = probe_places(CONFIG.selection.top_k)
+    sides = [f["origin"].startswith("teacher: ") for f in short]
+    assert sides[:2 * probe] == [False] * probe + [True] * probe
+    lead = min(short[:2 * probe], key=lambda f: f["kl"])["origin"].startswith("teacher: ")
+    rest = sides[2 * probe:]
+    assert rest and rest[0] == lead and rest == sorted(rest, key=lambda side: side != lead)
     choices = [Choice(f["choice"]["hidden"], tuple(f["choice"]["attention"]),
                       tuple(f["choice"]["ffn"])) for f in short]
     assert len(set(choices)) == len(short)
@@ -311,6 +316,40 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     best, _ = select(every, 3, shallow_first, memo)
     assert best.layers == min(f.layers for f in listed) and len(memo) == 3
     assert best.estimate > min(f.estimate for f in listed)
+
+
+def test_two_sides_probe_then_the_lower_kl_side_takes_the_rest_of_the_short_list():
+    """DNAS's side and the teacher's each get their best candidates distilled; the rest of
+    the list goes to the side that scored lower, whichever it is, and a side that runs out
+    of candidates leaves its places to the other."""
+    from autocompress.search.selection import Finalist, Sides, probe_places, select
+    from autocompress.search.space import Choice
+
+    def side(name: str, count: int) -> list[Finalist]:  # one candidate per depth
+        return [Finalist(Choice(0, (0,) * (i + 1), (len(name),) * (i + 1)), float(i),
+                         name, i + 1) for i in range(count)]
+
+    k, probe = 10, probe_places(10)
+    for own_kl, other_kl in ((3.0, 1.5), (1.5, 3.0)):
+        own, other = side("dnas", 4), side("teacher", 12)
+        kl = {f.choice: {"pruned_kl": 9.0, "kl": own_kl + 0.01 * f.layers} for f in own}
+        kl |= {f.choice: {"pruned_kl": 9.0, "kl": other_kl + 0.01 * f.layers} for f in other}
+        scored: list[int] = []
+
+        def score(choices, kl=kl, scored=scored):
+            scored.append(len(choices))
+            return [kl[c] for c in choices]
+
+        best, short = select(Sides(own, other), k, score, {})
+        origins = [f.origin for f in short]
+        assert len(short) == k and scored[0] == 2 * probe and sum(scored) == k
+        assert origins[:2 * probe] == ["dnas"] * probe + ["teacher"] * probe
+        if own_kl > other_kl:  # the teacher's side leads and takes every other place
+            assert origins.count("teacher") == k - probe and best.origin == "teacher"
+        else:  # DNAS's side leads but has only 4 candidates: the teacher's fills the rest
+            assert origins == ["dnas"] * probe + ["teacher"] * probe + ["dnas"] * 2 + \
+                ["teacher"] * (k - 2 * probe - 2)
+            assert best.origin == "dnas" and best.layers == 1
 
 
 def test_final_pick_times_its_short_list_and_takes_the_best_that_meets_the_limit(ctx):

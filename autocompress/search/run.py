@@ -68,10 +68,10 @@ from autocompress.search.minitron import (
 from autocompress.search.selection import (
     Finalist,
     SelectionConfig,
+    Sides,
     best_scored,
     repaired_finalists,
     select,
-    shared_shortlist,
 )
 from autocompress.search.space import SearchSpace, SpaceConfig
 from autocompress.search.trajectory import plot_trajectory, save_trajectory
@@ -416,9 +416,9 @@ class Repairs:
     those within ``radius`` size ranks; repair's own answer uses those within ``radius``;
     the DNAS probabilities are the fallback where those cannot meet the
     budgets. With depth variants and ``selection.teacher_anchor``, every option is also
-    scored at the teacher, and half the short list is repair from there (the greedy
-    ablation's candidates): it finds other whole-block trade-offs than repair from DNAS's
-    answer, and the short distillation decides between the two sides.
+    scored at the teacher, and repair from there (the greedy ablation's candidates) competes
+    for the short list (``selection.select_sides``): it finds other whole-block trade-offs
+    than repair from DNAS's answer, and the short distillation decides between the sides.
     """
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, costs, result: DNASResult,
@@ -446,7 +446,7 @@ class Repairs:
             self.near = within_radius(space, self.scores, self.anchor, radius)
             bar.close()
         self.fallback = probability_scores(space, result.probabilities(space))
-        self.top_k, self.teacher_scores = config.selection.top_k, None
+        self.teacher_scores = None
         if config.selection.has_teacher_side and config.score == "measured":
             full = space.full_choice()
             self.teacher_scores = measured_scores(ctx.masked, full, ctx.score_batches(config),
@@ -473,7 +473,7 @@ class Repairs:
         carried = [f for f in final.carried if feasible(tables.evaluate(f.choice), bounds)]
         return final.choose(lambda: self._finalists(bounds, used, found), carried).found
 
-    def _finalists(self, bounds, used, found) -> list[Finalist]:
+    def _finalists(self, bounds, used, found) -> list[Finalist] | Sides:
         own = repaired_finalists(self.space, self.costs, bounds, self.anchor, used, found,
                                  self.depth)
         if self.teacher_scores is None:
@@ -486,7 +486,7 @@ class Repairs:
                                    start, self.depth)
         for f in other:
             f.origin = f"teacher: {f.origin}"
-        return shared_shortlist(own, other, self.top_k)
+        return Sides(own, other)
 
 
 class FinalPick:
