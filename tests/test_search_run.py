@@ -134,6 +134,39 @@ def _size_scores(space) -> Scores:
     return Scores(-4 * hidden, -np.tile(att, (layers, 1)), -np.tile(ffn, (layers, 1)))
 
 
+@pytest.mark.parametrize("metrics", [["tpot_ms", "ttft_ms"], ["tpot_ms", "memory_gb"]])
+def test_every_move_is_evaluated_as_its_own_choice_would_be(ctx, metrics):
+    """Repair weighs every single-block move at once; each move's costs, legality and score
+    change are exactly (the same floats) what evaluating the changed choice gives."""
+    from autocompress.search.discretize import Moves
+
+    space, rng = ctx.space, np.random.default_rng(0)
+    tables = CostTables(ctx.costs, metrics)
+    scores = _size_scores(space)
+    scores.attention[1, 2] = np.inf  # an option without a score
+    illegal = 0
+    for _ in range(20):
+        choice = Choice(int(rng.integers(len(space.hidden_options))),
+                        tuple(int(rng.integers(len(space.attention_options)))
+                              for _ in range(space.num_layers)),
+                        tuple(int(rng.integers(len(space.ffn_options)))
+                              for _ in range(space.num_layers)))
+        moves = Moves.of(space, choice)
+        costs = tables.evaluate_moves(choice, moves)
+        legal = moves.legal(space, choice)
+        deltas = moves.score_deltas(scores, choice)
+        for i in range(len(moves)):
+            kind, layer, option = moves.move(i)
+            changed = choice.replace_block(kind, layer, option)
+            assert {m: costs[m][i] for m in metrics} == tables.evaluate(changed)
+            assert legal[i] == space.is_legal(changed)
+            table = scores.block(kind)
+            delta = table[layer, option] - table[layer, getattr(choice, kind)[layer]]
+            assert deltas[i] == delta or not (np.isfinite(deltas[i]) or np.isfinite(delta))
+        illegal += int((~legal).sum())
+    assert illegal > 0  # some moves drop the last attention or keep a forbidden option
+
+
 @pytest.mark.parametrize("start", ["teacher", "smallest"])
 def test_repair_is_exact_and_uses_the_slack(ctx, start):
     space, costs = ctx.space, ctx.costs

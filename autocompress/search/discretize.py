@@ -69,6 +69,35 @@ class CostTables:
             out[m] = total
         return out
 
+    def evaluate_moves(self, choice: Choice, moves: Moves,
+                       rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """``evaluate`` of ``choice`` with each of ``moves`` applied, one array per metric.
+
+        The sums are ``evaluate``'s, row by row, so every value is the same float. With
+        memory (its peak is not additive) each move is evaluated on its own, only the
+        ``rows`` asked for (the rest are NaN)."""
+        n = len(moves)
+        if "memory_gb" in self.metrics:
+            out = {m: np.full(n, np.nan) for m in self.metrics}
+            for i in np.flatnonzero(np.ones(n, bool) if rows is None else rows):
+                costs = self.evaluate(_apply(choice, moves.move(i)))
+                for m in self.metrics:
+                    out[m][i] = costs[m]
+            return out
+        layers = np.arange(self.num_layers)
+        a, f, h = np.asarray(choice.attention), np.asarray(choice.ffn), choice.hidden
+        att_rows, ffn_rows = np.flatnonzero(moves.attention), np.flatnonzero(~moves.attention)
+        out = {}
+        for m in self.metrics:
+            att = np.tile(self.attention[m][layers, a, h], (n, 1))
+            ffn = np.tile(self.ffn[m][layers, f, h], (n, 1))
+            att[att_rows, moves.layer[att_rows]] = \
+                self.attention[m][moves.layer[att_rows], moves.option[att_rows], h]
+            ffn[ffn_rows, moves.layer[ffn_rows]] = \
+                self.ffn[m][moves.layer[ffn_rows], moves.option[ffn_rows], h]
+            out[m] = self.const[m][h] + att.sum(1) + ffn.sum(1)
+        return out
+
     def memory(self, choice: Choice) -> float:
         """Memory from the cost model itself (slow: an expectation over one-hot vectors)."""
         return self.costs.discrete(list(choice.attention), list(choice.ffn),
@@ -122,6 +151,14 @@ def _memory_tables(costs) -> dict[str, Any]:
 def violation(costs: dict[str, float], budgets: dict[str, float]) -> float:
     """Sum of relative excesses ``max(0, cost/budget − 1)``."""
     return sum(max(0.0, costs[m] / b - 1.0) for m, b in budgets.items())
+
+
+def violations(costs: dict[str, np.ndarray], budgets: dict[str, float]) -> np.ndarray:
+    """``violation`` of many candidates at once (the same sum, term by term)."""
+    total = 0.0
+    for m, b in budgets.items():
+        total = total + np.maximum(0.0, costs[m] / b - 1.0)
+    return total
 
 
 def feasible(costs: dict[str, float], budgets: dict[str, float]) -> bool:
@@ -302,16 +339,63 @@ class Discretized:
     alternatives: list[Discretized] = field(default_factory=list)
 
 
-def _moves(space: SearchSpace, choice: Choice) -> list[tuple[str, int, int]]:
-    moves = []
-    for layer in range(space.num_layers):
-        for k in range(len(space.attention_options)):
-            if k != choice.attention[layer] and bool(space.allowed_attention[layer, k]):
-                moves.append(("attention", layer, k))
-        for k in range(len(space.ffn_options)):
-            if k != choice.ffn[layer] and bool(space.allowed_ffn[layer, k]):
-                moves.append(("ffn", layer, k))
-    return moves
+@dataclass
+class Moves:
+    """Every allowed single-block change of one choice, as parallel arrays (layer by layer,
+    its attention options before its FFN options: the order repair breaks ties in)."""
+
+    attention: np.ndarray  # bool: an attention move (else an FFN move)
+    layer: np.ndarray
+    option: np.ndarray
+
+    @classmethod
+    def of(cls, space: SearchSpace, choice: Choice) -> Moves:
+        allowed_a, allowed_f = space.allowed_attention.numpy(), space.allowed_ffn.numpy()
+        k_a = allowed_a.shape[1]
+        other_a = np.arange(k_a)[None, :] != np.asarray(choice.attention)[:, None]
+        other_f = np.arange(allowed_f.shape[1])[None, :] != np.asarray(choice.ffn)[:, None]
+        layer, column = np.nonzero(np.concatenate([allowed_a & other_a, allowed_f & other_f], 1))
+        attention = column < k_a
+        return cls(attention, layer, np.where(attention, column, column - k_a))
+
+    def __len__(self) -> int:
+        return len(self.layer)
+
+    def move(self, i: int) -> tuple[str, int, int]:
+        """The ``i``-th move as ``(kind, layer, option)``."""
+        return ("attention" if self.attention[i] else "ffn", int(self.layer[i]),
+                int(self.option[i]))
+
+    def subset(self, keep: np.ndarray) -> Moves:
+        return Moves(self.attention[keep], self.layer[keep], self.option[keep])
+
+    def legal(self, space: SearchSpace, choice: Choice) -> np.ndarray:
+        """``space.is_legal`` of each move's result: every option allowed (each move's
+        own is) and at least one attention block left."""
+        allowed_a = space.allowed_attention.numpy()
+        allowed_f = space.allowed_ffn.numpy()
+        layers = np.arange(space.num_layers)
+        a, f = np.asarray(choice.attention), np.asarray(choice.ffn)
+        bad_a, bad_f = ~allowed_a[layers, a], ~allowed_f[layers, f]
+        present = np.array([o is not None for o in space.attention_options])
+        own_bad = np.where(self.attention, bad_a[self.layer], bad_f[self.layer])
+        bad_after = int(bad_a.sum() + bad_f.sum()) - own_bad
+        kept_after = np.full(len(self), int(present[a].sum()))
+        rows = np.flatnonzero(self.attention)
+        kept_after[rows] += present[self.option[rows]].astype(int) \
+            - present[a[self.layer[rows]]].astype(int)
+        return (bad_after == 0) & (kept_after > 0)
+
+    def score_deltas(self, scores: Scores, choice: Choice) -> np.ndarray:
+        """Each move's score change (inf where its option has no score)."""
+        a, f = np.asarray(choice.attention), np.asarray(choice.ffn)
+        out = np.empty(len(self))
+        with np.errstate(invalid="ignore"):
+            for rows, table, current in ((np.flatnonzero(self.attention), scores.attention, a),
+                                         (np.flatnonzero(~self.attention), scores.ffn, f)):
+                layer = self.layer[rows]
+                out[rows] = table[layer, self.option[rows]] - table[layer, current[layer]]
+        return out
 
 
 def _apply(choice: Choice, move: tuple[str, int, int]) -> Choice:
@@ -319,79 +403,68 @@ def _apply(choice: Choice, move: tuple[str, int, int]) -> Choice:
     return choice.replace_block(kind, layer, k)
 
 
-def _delta_score(scores: Scores, choice: Choice, move) -> float:
-    kind, layer, k = move
-    table = scores.block(kind)
-    return float(table[layer, k] - table[layer, getattr(choice, kind)[layer]])
+def _row(costs: dict[str, np.ndarray], i: int) -> dict[str, float]:
+    return {m: float(v[i]) for m, v in costs.items()}
 
 
 def _restore_feasibility(space, tables, scores, budgets, choice, log):
     """Greedy: cheapest score increase per unit of violation removed."""
     current = tables.evaluate(choice)
     while violation(current, budgets) > 0:
-        best, best_key, best_costs = None, np.inf, None
-        v0 = violation(current, budgets)
-        for move in _moves(space, choice):
-            cand = _apply(choice, move)
-            if not space.is_legal(cand):
-                continue
-            cand_costs = tables.evaluate(cand)
-            removed = v0 - violation(cand_costs, budgets)
-            if removed <= EPS:
-                continue
-            ds = _delta_score(scores, choice, move)
-            if not np.isfinite(ds):
-                continue
-            key = ds / removed if ds > 0 else ds - 1e6  # free improvements first
-            if key < best_key:
-                best, best_key, best_costs = move, key, cand_costs
-        if best is None:
+        moves = Moves.of(space, choice)
+        legal = moves.legal(space, choice)
+        costs = tables.evaluate_moves(choice, moves, rows=legal)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            removed = violation(current, budgets) - violations(costs, budgets)
+            ds = moves.score_deltas(scores, choice)
+            usable = legal & (removed > EPS) & np.isfinite(ds)
+            key = np.where(usable, np.where(ds > 0, ds / removed, ds - 1e6), np.inf)
+        if not usable.any():
             return None, current
-        choice, current = _apply(choice, best), best_costs
-        log.append({"phase": "repair", "move": list(best)})
+        best = int(np.argmin(key))  # the first of equal keys, as a scan would keep
+        choice, current = _apply(choice, moves.move(best)), _row(costs, best)
+        log.append({"phase": "repair", "move": list(moves.move(best))})
     return choice, current
 
 
 def _fill_slack(space, tables, scores, budgets, choice, current, log):
     """Greedy: best score gain per unit of budget used, staying feasible."""
     while True:
-        best, best_key, best_costs = None, 0.0, None
-        for move in _moves(space, choice):
-            ds = _delta_score(scores, choice, move)
-            if not ds < -EPS:
-                continue
-            cand = _apply(choice, move)
-            if not space.is_legal(cand):
-                continue
-            cand_costs = tables.evaluate(cand)
-            if not feasible(cand_costs, budgets):
-                continue
-            used = sum(max(0.0, (cand_costs[m] - current[m]) / b) for m, b in budgets.items())
-            key = -ds / (used + 1e-9)
-            if key > best_key:
-                best, best_key, best_costs = move, key, cand_costs
-        if best is None:
+        moves = Moves.of(space, choice)
+        with np.errstate(invalid="ignore"):
+            ds = moves.score_deltas(scores, choice)
+            gains = (ds < -EPS) & moves.legal(space, choice)
+        if not gains.any():
             return choice, current
-        choice, current = _apply(choice, best), best_costs
-        log.append({"phase": "slack", "move": list(best)})
+        costs = tables.evaluate_moves(choice, moves, rows=gains)
+        with np.errstate(invalid="ignore"):
+            fits = gains & np.all([costs[m] <= b for m, b in budgets.items()], axis=0)
+            used = 0.0
+            for m, b in budgets.items():
+                used = used + np.maximum(0.0, (costs[m] - current[m]) / b)
+            key = np.where(fits, -ds / (used + 1e-9), -np.inf)
+        best = int(np.argmax(key))
+        if not key[best] > 0.0:
+            return choice, current
+        choice, current = _apply(choice, moves.move(best)), _row(costs, best)
+        log.append({"phase": "slack", "move": list(moves.move(best))})
 
 
 def _pair_exchanges(space, tables, scores, budgets, choice, current, log, max_rounds=50):
     """Apply improving (block up, other block down) pairs that stay feasible."""
     for _ in range(max_rounds):
-        moves = _moves(space, choice)
-        ds = np.array([_delta_score(scores, choice, m) for m in moves])
+        moves = Moves.of(space, choice)
+        ds = moves.score_deltas(scores, choice)
         finite = np.isfinite(ds)
-        moves = [m for m, ok in zip(moves, finite, strict=True) if ok]
-        ds = ds[finite]
+        moves, ds = moves.subset(finite), ds[finite]
         if len(moves) < 2:
             return choice, current
         metrics = list(budgets)
-        deltas = np.array([[tables.evaluate(_apply(choice, m))[k] - current[k] for k in metrics]
-                           for m in moves])
-        block = [(m[0], m[1]) for m in moves]
+        costs = tables.evaluate_moves(choice, moves)
+        deltas = np.stack([costs[k] - current[k] for k in metrics], axis=1)
         pair_ds = ds[:, None] + ds[None, :]
-        same_block = np.array([[bi == bj for bj in block] for bi in block])
+        same_block = ((moves.attention[:, None] == moves.attention[None, :])
+                      & (moves.layer[:, None] == moves.layer[None, :]))
         pair_ds[same_block] = np.inf
         pair_ds[np.tril_indices(len(moves))] = np.inf
         slack = np.array([budgets[k] - current[k] for k in metrics])
@@ -403,13 +476,14 @@ def _pair_exchanges(space, tables, scores, budgets, choice, current, log, max_ro
             i, j = np.unravel_index(flat, pair_ds.shape)
             if not pair_ds[i, j] < -EPS:
                 break
-            cand = _apply(_apply(choice, moves[i]), moves[j])
+            cand = _apply(_apply(choice, moves.move(i)), moves.move(j))
             if not space.is_legal(cand):
                 continue
             cand_costs = tables.evaluate(cand)
             if feasible(cand_costs, budgets):
                 choice, current = cand, cand_costs
-                log.append({"phase": "exchange", "move": [list(moves[i]), list(moves[j])]})
+                log.append({"phase": "exchange",
+                            "move": [list(moves.move(i)), list(moves.move(j))]})
                 improved = True
                 break
         if not improved:
