@@ -350,6 +350,13 @@ def test_two_sides_probe_then_the_lower_kl_side_takes_the_rest_of_the_short_list
             assert origins == ["dnas"] * probe + ["teacher"] * probe + ["dnas"] * 2 + \
                 ["teacher"] * (k - 2 * probe - 2)
             assert best.origin == "dnas" and best.layers == 1
+    # With fewer places the probe is one per side; a side with nothing to offer leaves every
+    # place to the other, which is still scored as a whole.
+    scored = []
+    best, short = select(Sides(side("dnas", 4), []), 5,
+                         lambda cs: scored.append(len(cs)) or [{"pruned_kl": 9.0, "kl": 1.0 / len(
+                             c.attention)} for c in cs], {})
+    assert probe_places(5) == 1 and len(short) == 4 and scored == [4] and best.layers == 4
 
 
 def test_final_pick_times_its_short_list_and_takes_the_best_that_meets_the_limit(ctx):

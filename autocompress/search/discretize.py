@@ -79,7 +79,7 @@ class CostTables:
         n = len(moves)
         if "memory_gb" in self.metrics:
             out = {m: np.full(n, np.nan) for m in self.metrics}
-            for i in np.flatnonzero(np.ones(n, bool) if rows is None else rows):
+            for i in range(n) if rows is None else np.flatnonzero(rows):
                 costs = self.evaluate(_apply(choice, moves.move(i)))
                 for m in self.metrics:
                     out[m][i] = costs[m]
@@ -150,11 +150,11 @@ def _memory_tables(costs) -> dict[str, Any]:
 
 def violation(costs: dict[str, float], budgets: dict[str, float]) -> float:
     """Sum of relative excesses ``max(0, cost/budget − 1)``."""
-    return sum(max(0.0, costs[m] / b - 1.0) for m, b in budgets.items())
+    return float(violations(costs, budgets))
 
 
 def violations(costs: dict[str, np.ndarray], budgets: dict[str, float]) -> np.ndarray:
-    """``violation`` of many candidates at once (the same sum, term by term)."""
+    """``violation`` of many candidates at once (arrays of costs) or of one (floats)."""
     total = 0.0
     for m, b in budgets.items():
         total = total + np.maximum(0.0, costs[m] / b - 1.0)

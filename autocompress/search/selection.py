@@ -263,12 +263,13 @@ def select_sides(sides: Sides, k: int,
     short = first + second
     if not short:
         raise ValueError("no finite candidate to select from")
-    if k == 1 or len(short) == 1:
-        return short[0], short[:1]
-    best_scored(short, score, memo)
-    lead, trail = (sides.own, sides.other) if not second or (
-        first and min(f.kl for f in first) <= min(f.kl for f in second)) \
-        else (sides.other, sides.own)
+    if k == 1:
+        return short[0], short
+    own_leads = bool(first)  # a side with nothing new to offer cannot lead
+    if first and second:
+        best_scored(short, score, memo)
+        own_leads = min(f.kl for f in first) <= min(f.kl for f in second)
+    lead, trail = (sides.own, sides.other) if own_leads else (sides.other, sides.own)
     taken = {f.choice for f in short}
     for f in shortlist(lead, k) + shortlist(trail, k):
         if len(short) >= k:
@@ -276,6 +277,8 @@ def select_sides(sides: Sides, k: int,
         if f.choice not in taken:
             short.append(f)
             taken.add(f.choice)
+    if len(short) == 1:
+        return short[0], short
     return best_scored(short, score, memo), short
 
 
