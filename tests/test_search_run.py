@@ -27,8 +27,8 @@ from autocompress.search import (
 )
 from autocompress.search.budgets import budgets_from_limits
 from autocompress.search.discretize import CostTables, Scores, repair, smallest_reachable
-from autocompress.search.dnas import DNAS, expected_budget_costs
-from autocompress.search.run import search_to_file
+from autocompress.search.dnas import DNAS, DNASResult, _probabilities, expected_budget_costs
+from autocompress.search.run import search_to_file, teacher_scores
 from autocompress.search.selection import SelectionConfig
 from autocompress.search.space import Choice
 
@@ -109,6 +109,13 @@ def test_search_meets_several_limits_under_the_cost_model(ctx, tmp_path):
     assert set(steps[-1]) >= {"kl", "lambda", "expected", "p_attention", "p_ffn", "p_hidden"}
     assert (tmp_path / "arch.trajectory.png").stat().st_size > 0
     assert not (tmp_path / ".arch.search-work").exists()
+    # DNAS started on greedy's answer: repair from the teacher, every option scored there.
+    greedy = repair(ctx.space, ctx.costs, report["budgets"], ctx.space.full_choice(),
+                    teacher_scores(ctx, CONFIG)).choice
+    assert report["dnas_start"] == greedy.to_dict() != ctx.space.full_choice().to_dict()
+    first = steps[0]  # one Adam step (lr 0.1) cannot undo the start's lead of 3
+    assert np.argmax(first["p_attention"], 1).tolist() == list(greedy.attention)
+    assert np.argmax(first["p_ffn"], 1).tolist() == list(greedy.ffn)
     from autocompress.arch import ArchSpec
 
     spec = ArchSpec.from_json(tmp_path / "arch.json").complete_from(ctx.space.teacher)
@@ -196,6 +203,32 @@ def test_unreachable_limits_name_the_smallest_reachable_costs(ctx):
     assert "smallest reachable" in text
     assert f"{smallest['tpot_ms']:.4g}" in text
     assert "memory_gb" in text  # every limit is reported, met alone or not
+
+
+def test_dnas_starts_on_a_given_choice_and_its_checkpoint_remembers_where(ctx, tmp_path):
+    budgets = {"tpot_ms": 0.5 * ctx.teacher_costs()["tpot_ms"]}
+    config = DNASConfig(steps=2, batch_size=2, seq_len=16, teacher_cache=1, start_bias=2.0)
+    rng = np.random.default_rng(1)
+    s = ctx.space
+
+    def drawn(allowed):  # a legal option of every layer, never "removed"
+        return tuple(int(rng.choice(np.flatnonzero(row.numpy()[:-1]))) for row in allowed)
+
+    start = Choice(1, drawn(s.allowed_attention), drawn(s.allowed_ffn))
+    dnas = DNAS(ctx.masked, ctx.costs, budgets, config, start=start)
+    assert DNASResult(*(a.detach() for a in dnas.alpha), {}, [], 0.0, True).argmax_choice(
+        s) == start
+    p_h, p_a, _ = (p.detach() for p in _probabilities(s, *dnas.alpha))
+    lead = np.exp(2.0) / (np.exp(2.0) + len(s.hidden_options) - 1)
+    assert float(p_h[1]) == pytest.approx(lead)  # options the space forbids get no mass
+    assert bool((p_a[torch.arange(4), torch.tensor(start.attention)] > 0.4).all())
+
+    def batches(step):
+        return torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(step))
+
+    dnas.run(batches, checkpoint_dir=tmp_path)
+    with pytest.raises(AutoCompressError, match="different search"):  # uniform ≠ that start
+        DNAS(ctx.masked, ctx.costs, budgets, config).run(batches, checkpoint_dir=tmp_path)
 
 
 def test_resumed_search_follows_the_uninterrupted_trajectory(ctx, tmp_path):

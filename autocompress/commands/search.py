@@ -132,6 +132,9 @@ def search_command(
         "Default: .<out stem>.search-work beside --out."),
     threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
     seed: int = typer.Option(0, help="Seed of the Gumbel noise and the batch order."),
+    dnas_start: str = typer.Option(
+        "greedy", help="Where DNAS starts: `greedy` (repair from the teacher with every "
+        "option scored there; needs --score measured) or `uniform`."),
     top_k: int = typer.Option(
         10, "--top-k", help="Final pick: this many distinct candidates (every depth's best "
         "first) each get the baseline's short distillation; the lowest KL wins. 1 = repair's "
@@ -158,6 +161,9 @@ def search_command(
 
     if score not in ("measured", "probability"):
         raise AutoCompressError(f"unknown --score {score!r}", hint="use measured or probability")
+    if dnas_start not in ("greedy", "uniform"):
+        raise AutoCompressError(f"unknown --dnas-start {dnas_start!r}",
+                                hint="use greedy or uniform")
     if export_engine == "target":
         from autocompress.engine_rules import engine_for_target
 
@@ -166,7 +172,8 @@ def search_command(
         space=SpaceConfig(granularity=granularity, ffn_granularity=ffn_granularity,
                           head_fractions=_fractions(head_fractions),
                           protect_first_last=protect_first_last, export_engine=export_engine),
-        dnas=DNASConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed),
+        dnas=DNASConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed,
+                        start=dnas_start),
         score=score, threads=threads, selection=SelectionConfig(top_k=top_k),
         minitron=MinitronConfig(distill_tokens=distill_tokens),
     )

@@ -46,7 +46,6 @@ from autocompress.search.discretize import (
     choice_kl,
     feasible,
     measured_job_list,
-    measured_scores,
     repair,
     teacher_logits,
 )
@@ -61,6 +60,7 @@ from autocompress.search.run import (
     measured_loop,
     raise_unreachable,
     shared_report,
+    teacher_scores,
 )
 from autocompress.search.selection import Finalist, layers_kept, repaired_finalists
 from autocompress.search.space import Choice, SearchSpace
@@ -82,10 +82,11 @@ def search_evaluations(space: SearchSpace, dnas_steps: int, radius: int | None) 
 
 def searched_count(space: SearchSpace, config: SearchConfig) -> int:
     """What the search scores under ``config``: its final pick's depth variants score every
-    option at DNAS's answer, and its teacher side every option at the teacher."""
+    option at DNAS's answer, and its teacher side (or DNAS's start on greedy's answer) every
+    option at the teacher."""
     depth = config.selection.varies_depth
     count = search_evaluations(space, config.dnas.steps, None if depth else config.score_radius)
-    if config.selection.has_teacher_side:
+    if config.selection.has_teacher_side or config.dnas_starts_on_greedy:
         count += len(measured_job_list(space, space.full_choice(), None)) + 1
     return count
 
@@ -184,7 +185,7 @@ def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     started = time.perf_counter()
     budgets = check_reachable(ctx, limits)
     space, anchor = ctx.space, ctx.space.full_choice()
-    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config), radius=None)
+    scores = teacher_scores(ctx, config)
     inner = dict(budgets)
     final = FinalPick(ctx, config, budgets=budgets)
 

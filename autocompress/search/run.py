@@ -40,6 +40,7 @@ from autocompress.search.budgets import budgets_from_limits, reachable_text, res
 from autocompress.search.discretize import (
     CostTables,
     Discretized,
+    Scores,
     feasible,
     measured_job_list,
     measured_scores,
@@ -73,7 +74,7 @@ from autocompress.search.selection import (
     repaired_finalists,
     select,
 )
-from autocompress.search.space import SearchSpace, SpaceConfig
+from autocompress.search.space import Choice, SearchSpace, SpaceConfig
 from autocompress.search.trajectory import plot_trajectory, save_trajectory
 
 # How an architecture can be found (``run_method``): the search, and its baseline and ablations.
@@ -149,6 +150,11 @@ class SearchConfig(BaseModel):
         description="Time a pick (the baseline's alike) a second time after choosing it; it "
         "must meet the timing budgets in both (the first of several near-limit candidates to "
         "meet them tends to be one that read low).")
+
+    @property
+    def dnas_starts_on_greedy(self) -> bool:
+        """DNAS starts on greedy's answer (which needs every option measured at the teacher)."""
+        return self.dnas.start == "greedy" and self.score == "measured"
 
 
 # ------------------------------------------------------------------ context
@@ -269,6 +275,7 @@ class SearchOutcome:
     # single-change scores (what the random ablation gets as its count).
     evaluations: dict[str, int] = field(default_factory=dict)
     selection: list[dict[str, Any]] = field(default_factory=list)
+    dnas_start: Choice | None = None  # where DNAS's logits started (None: uniform)
 
     def report(self, ctx: SearchContext) -> dict[str, Any]:
         space = ctx.space
@@ -285,6 +292,7 @@ class SearchOutcome:
             "scored_candidates": sum(self.evaluations.values()),
             "evaluations": self.evaluations,
             "per_hidden": d.per_hidden,
+            "dnas_start": self.dnas_start.to_dict() if self.dnas_start else "uniform",
             "final_lambda": self.dnas.lambdas,
             "search_completed": self.dnas.completed,
             "seconds": self.seconds,
@@ -370,8 +378,15 @@ def run_search(
     budgets = check_reachable(ctx, limits)
     space, costs = ctx.space, ctx.costs
 
+    teacher_side = config.selection.has_teacher_side and config.score == "measured"
+    at_teacher = teacher_scores(ctx, config, progress) \
+        if config.dnas_starts_on_greedy or teacher_side else None
+    start = None  # uniform logits
+    if config.dnas_starts_on_greedy:  # greedy's answer at the budgets DNAS is held to
+        start = getattr(repair(space, costs, budgets, space.full_choice(), at_teacher),
+                        "choice", None)
     data = ctx.calibration(config.dnas.seq_len)
-    dnas = DNAS(ctx.masked, costs, budgets, config.dnas)
+    dnas = DNAS(ctx.masked, costs, budgets, config.dnas, start=start)
     bar = Bar("search", config.dnas.steps, progress)
     result = dnas.run(
         lambda step: data.batch_at(step, config.dnas.batch_size, config.dnas.seed),
@@ -384,7 +399,7 @@ def run_search(
     t1, c1 = time.perf_counter(), time.process_time()
     inner = {m: b * (1 - SAFETY) for m, b in budgets.items()}
     final = FinalPick(ctx, config, progress, budgets=budgets)
-    repairs = Repairs(ctx, config, costs, result, config.score_radius, progress)
+    repairs = Repairs(ctx, config, costs, result, config.score_radius, progress, at_teacher)
 
     def unreachable(bounds: dict[str, float]):
         raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
@@ -403,7 +418,29 @@ def run_search(
     return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
                          checks=checks, dnas=result, discretized=found, seconds=seconds,
                          measured_rounds=rounds, evaluations=repairs.evaluations,
-                         selection=final.report())
+                         selection=final.report(), dnas_start=start)
+
+
+def scores_at(ctx: SearchContext, config: SearchConfig, anchor: Choice, radius: int | None,
+              label: str, progress: bool = False) -> Scores:
+    """Single-option changes from ``anchor`` measured on the score batches (within
+    ``radius`` size ranks; None: every option), with a progress bar."""
+    bar = Bar(label, len(measured_job_list(ctx.space, anchor, radius)), progress)
+    count = [0]
+
+    def tick():
+        count[0] += 1
+        bar.update(count[0], "")
+
+    scores = measured_scores(ctx.masked, anchor, ctx.score_batches(config), radius=radius,
+                             progress=tick)
+    bar.close()
+    return scores
+
+
+def teacher_scores(ctx: SearchContext, config: SearchConfig, progress: bool = False) -> Scores:
+    """Every single-option change measured at the teacher (greedy repair's scores)."""
+    return scores_at(ctx, config, ctx.space.full_choice(), None, "teacher scores", progress)
 
 
 class Repairs:
@@ -422,7 +459,7 @@ class Repairs:
     """
 
     def __init__(self, ctx: SearchContext, config: SearchConfig, costs, result: DNASResult,
-                 radius: int | None, progress: bool = False):
+                 radius: int | None, progress: bool = False, at_teacher: Scores | None = None):
         space = ctx.space
         self.space, self.costs = space, costs
         self.depth = config.selection.varies_depth
@@ -434,23 +471,15 @@ class Repairs:
             measured_radius = None if self.depth else radius
             jobs = measured_job_list(space, self.anchor, measured_radius)
             self.evaluations["measured_scores"] = len(jobs) + 1  # + the anchor itself
-            bar = Bar("scores", len(jobs), progress)
-            count = [0]
-
-            def tick():
-                count[0] += 1
-                bar.update(count[0], "")
-
-            self.scores = measured_scores(ctx.masked, self.anchor, ctx.score_batches(config),
-                                          radius=measured_radius, progress=tick)
+            self.scores = scores_at(ctx, config, self.anchor, measured_radius, "scores",
+                                    progress)
             self.near = within_radius(space, self.scores, self.anchor, radius)
-            bar.close()
         self.fallback = probability_scores(space, result.probabilities(space))
-        self.teacher_scores = None
+        self.teacher_scores = None  # repair from the teacher's side (``at_teacher``: given)
         if config.selection.has_teacher_side and config.score == "measured":
+            self.teacher_scores = at_teacher or teacher_scores(ctx, config, progress)
+        if at_teacher is not None or self.teacher_scores is not None:
             full = space.full_choice()
-            self.teacher_scores = measured_scores(ctx.masked, full, ctx.score_batches(config),
-                                                  radius=None)
             self.evaluations["teacher_scores"] = len(measured_job_list(space, full, None)) + 1
 
     def answer(self, bounds: dict[str, float], unreachable) -> tuple[Discretized, Any]:
