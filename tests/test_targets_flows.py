@@ -88,7 +88,9 @@ def test_joint_and_pareto_flows_publish_a_verified_model_per_target_and_budget(f
     assert out["evaluation"].metrics["heldout_loss"] > 0
 
     # A family of two budgets from one search on one target: a model and its verify each.
-    budgets = [0.8, 0.6]
+    # 0.6 sat at the edge of this space: the smallest reachable TPOT was 0.61 of the teacher's
+    # on some of the 5-probe fits, and the family refused to start.
+    budgets = [0.85, 0.7]
     report = pareto(target=TARGETS[0], budgets=budgets, **flow_env)
     out = report.outputs
     steps = {s.name: s.state for s in report.steps}
