@@ -152,6 +152,11 @@ class SearchConfig(BaseModel):
         "meet them tends to be one that read low).")
 
     @property
+    def scores_teacher_side(self) -> bool:
+        """The final pick's teacher side is built (it needs measured scores at the teacher)."""
+        return self.selection.has_teacher_side and self.score == "measured"
+
+    @property
     def dnas_starts_on_greedy(self) -> bool:
         """DNAS starts on greedy's answer (which needs every option measured at the teacher)."""
         return self.dnas.start == "greedy" and self.score == "measured"
@@ -378,9 +383,8 @@ def run_search(
     budgets = check_reachable(ctx, limits)
     space, costs = ctx.space, ctx.costs
 
-    teacher_side = config.selection.has_teacher_side and config.score == "measured"
     at_teacher = teacher_scores(ctx, config, progress) \
-        if config.dnas_starts_on_greedy or teacher_side else None
+        if config.dnas_starts_on_greedy or config.scores_teacher_side else None
     start = None  # uniform logits
     if config.dnas_starts_on_greedy:  # greedy's answer at the budgets DNAS is held to
         start = getattr(repair(space, costs, budgets, space.full_choice(), at_teacher),
@@ -475,10 +479,11 @@ class Repairs:
                                     progress)
             self.near = within_radius(space, self.scores, self.anchor, radius)
         self.fallback = probability_scores(space, result.probabilities(space))
-        self.teacher_scores = None  # repair from the teacher's side (``at_teacher``: given)
-        if config.selection.has_teacher_side and config.score == "measured":
-            self.teacher_scores = at_teacher or teacher_scores(ctx, config, progress)
-        if at_teacher is not None or self.teacher_scores is not None:
+        if config.scores_teacher_side and at_teacher is None:
+            at_teacher = teacher_scores(ctx, config, progress)
+        # Repair from the teacher's side uses them; DNAS's start may have used them alone.
+        self.teacher_scores = at_teacher if config.scores_teacher_side else None
+        if at_teacher is not None:
             full = space.full_choice()
             self.evaluations["teacher_scores"] = len(measured_job_list(space, full, None)) + 1
 
