@@ -17,7 +17,12 @@ from autocompress.limits import Limits
 from autocompress.modeling.tiny import tiny_model
 from autocompress.prune import prune
 from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
-from autocompress.search.ablations import RandomConfig, sample_choices, searched_count
+from autocompress.search.ablations import (
+    RandomConfig,
+    sample_choices,
+    search_evaluations,
+    searched_count,
+)
 from autocompress.search.discretize import CostTables, feasible, measured_job_list
 from autocompress.search.measured import TIMING_METRICS
 from autocompress.search.minitron import (
@@ -565,6 +570,18 @@ def test_greedy_repairs_from_the_teacher_within_the_limits_and_the_space(ctx):
     assert {0, 5} <= set(kept) and len(kept) < 6 // 2 + 1  # deep removal, protected kept
     jobs = measured_job_list(ctx.space, ctx.space.full_choice(), None)
     assert report["scored_candidates"] == len(jobs) + 1
+
+
+def test_random_search_matches_teacher_scores_only_where_the_search_measures_them(ctx):
+    space = ctx.space
+    at_teacher = len(measured_job_list(space, space.full_choice(), None)) + 1
+    measured = CONFIG.model_copy(update={"score": "measured"})
+    probability = CONFIG.model_copy(update={"score": "probability"})
+    assert probability.selection.has_teacher_side and not probability.scores_at_teacher
+    plain = search_evaluations(space, CONFIG.dnas.steps,
+                               None if CONFIG.selection.varies_depth else CONFIG.score_radius)
+    assert searched_count(space, probability) == plain
+    assert searched_count(space, measured) == plain + at_teacher
 
 
 def test_random_search_scores_as_many_candidates_as_the_search(ctx):

@@ -86,7 +86,7 @@ def searched_count(space: SearchSpace, config: SearchConfig) -> int:
     option at the teacher."""
     depth = config.selection.varies_depth
     count = search_evaluations(space, config.dnas.steps, None if depth else config.score_radius)
-    if config.selection.has_teacher_side or config.dnas_starts_on_greedy:
+    if config.scores_at_teacher:
         count += len(measured_job_list(space, space.full_choice(), None)) + 1
     return count
 

@@ -161,6 +161,11 @@ class SearchConfig(BaseModel):
         """DNAS starts on greedy's answer (which needs every option measured at the teacher)."""
         return self.dnas.start == "greedy" and self.score == "measured"
 
+    @property
+    def scores_at_teacher(self) -> bool:
+        """Every option is measured at the teacher once (DNAS's start or the teacher side)."""
+        return self.dnas_starts_on_greedy or self.scores_teacher_side
+
 
 # ------------------------------------------------------------------ context
 
@@ -383,8 +388,7 @@ def run_search(
     budgets = check_reachable(ctx, limits)
     space, costs = ctx.space, ctx.costs
 
-    at_teacher = teacher_scores(ctx, config, progress) \
-        if config.dnas_starts_on_greedy or config.scores_teacher_side else None
+    at_teacher = teacher_scores(ctx, config, progress) if config.scores_at_teacher else None
     start = None  # uniform logits
     if config.dnas_starts_on_greedy:  # greedy's answer at the budgets DNAS is held to
         start = getattr(repair(space, costs, budgets, space.full_choice(), at_teacher),
