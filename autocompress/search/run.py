@@ -73,7 +73,6 @@ from autocompress.search.selection import (
     best_scored,
     repaired_finalists,
     select,
-    shortlist,
 )
 from autocompress.search.space import Choice, SearchSpace, SpaceConfig
 from autocompress.search.trajectory import plot_trajectory, save_trajectory
@@ -536,10 +535,9 @@ class FinalPick:
     budgets); the report has the last round's short list (and the winner, if an earlier
     round's candidate won).
 
-    Given ``budgets`` on a target this machine times, every candidate the short list can
-    take is timed before any is distilled (``_time_ahead``, as the baseline times its
-    candidates before its short distillations); after the distillation the short list is
-    read best KL first, up to the first candidate that meets the budgets as measured. The
+    Given ``budgets`` on a target this machine times, the short list is also timed, best KL
+    first, up to the first candidate that meets the budgets as measured — the care the
+    Minitron baseline gets (it times every candidate that could meet the limit). The
     lowest KL that met in any round wins once a round's best-KL candidate meets or the
     measured loop has no round left. Until then a round whose best missed hands that
     miss to the loop, which re-aims by the cost model's error on it: the short list is
@@ -573,8 +571,6 @@ class FinalPick:
         k = self.config.selection.top_k
         candidates = finalists()
         self._parts["candidates"] += time.perf_counter() - started
-        if k > 1:
-            self._time_ahead(candidates, k, carried)
         best, short = select(candidates, k, self._score, self.memo)
         taken = {f.choice for f in short}
         extra = [f for f in carried if f.choice not in taken and f.choice in self.memo]
@@ -598,27 +594,6 @@ class FinalPick:
         if not self.met or not (last_round or any(f is best for f in met_now)):
             return best
         return min(self.met, key=lambda f: (f.kl, f.estimate))
-
-    def _time_ahead(self, candidates, k: int, carried: list[Finalist] = ()) -> None:
-        """Time every candidate the short list can take before any of them is distilled,
-        as the baseline times its candidates before its short distillations; ``_timed``
-        then reads these timings. Why: inside the comparison's flows, timings taken right
-        after the short distillations read 5-9% slower than the same architectures before
-        them or in ``verify`` (interactive-cpu @ 60%), so a short list timed after its
-        training missed limits it meets and the loop re-aimed it lower."""
-        if self.timer is None or self.budgets is None:
-            return
-        pool = (shortlist(candidates.own, k) + shortlist(candidates.other, k)
-                if isinstance(candidates, Sides) else shortlist(candidates, k))
-        seen = set()
-        for f in [*pool, *carried]:
-            if f.choice in seen:
-                continue
-            seen.add(f.choice)
-            spec = self.ctx.space.spec_of(f.choice)
-            measured, noise = self.timer(spec)
-            if self.config.confirm_timing and not missed_budgets(self.budgets, measured, noise):
-                self.timer.confirm(spec)
 
     def _timed(self, short: list[Finalist]) -> dict:
         """Time the short list, best KL first, up to the first that meets the budgets (so at
