@@ -201,16 +201,25 @@ def verify(
 
 def pool_sessions(runs: list) -> tuple[dict[str, float], dict[str, float], list[dict]]:
     """(median over sessions of each metric, median of their noises, each session's
-    metrics) of ``[(Measurement, statistic), ...]``; memory comes from the first session
-    (the only one that measures it)."""
-    import statistics
-
+    metrics) of ``[(Measurement, statistic), ...]``."""
     per_session = [measurement.metrics(statistic) for measurement, statistic in runs]
     noises = [measurement_noise(measurement) for measurement, _ in runs]
-    measured = {k: statistics.median(m[k] for m in per_session if m.get(k) is not None)
-                if k != "memory_gb" else v for k, v in per_session[0].items()}
-    noise = {k: statistics.median(n[k] for n in noises) for k in noises[0]}
+    measured, noise = median_reading(list(zip(per_session, noises, strict=True)))
     return measured, noise, per_session
+
+
+def median_reading(readings: list[tuple[dict[str, float], dict[str, float]]]
+                   ) -> tuple[dict[str, float], dict[str, float]]:
+    """(median of each metric, median of each noise) over several timings ``[(metrics,
+    noise), ...]`` of one model; memory comes from the first (the only one that measures
+    it)."""
+    import statistics
+
+    first = readings[0][0]
+    measured = {k: statistics.median(m[k] for m, _ in readings if m.get(k) is not None)
+                if k != "memory_gb" else v for k, v in first.items()}
+    noise = {k: statistics.median(n.get(k, 0.0) for _, n in readings) for k in readings[0][1]}
+    return measured, noise
 
 
 def _sessions_detail(per_session: list[dict], measured: dict[str, float]) -> dict:

@@ -378,6 +378,47 @@ def test_a_pick_inside_the_drift_band_misses_the_budget():
     assert aim * (1 + drift) < budgets["tpot_ms"]
 
 
+def test_a_confirmation_that_misses_is_settled_by_a_third_timing():
+    """The second timing stands where it meets; where it misses, a third is taken and the
+    median of the three stands. Each architecture is timed at most three times."""
+    from autocompress.search.measured import SpecTimer, missed_budgets
+
+    spec = arch_spec_of(tiny_model("llama"))
+    budgets = {"tpot_ms": 10.0}
+
+    def meets(measured, noise):
+        return not missed_budgets(budgets, measured, noise)
+
+    def timer_reading(*tpots):
+        queue = list(tpots)
+        return SpecTimer(lambda s: ({"tpot_ms": queue.pop(0), "memory_gb": 1.0},
+                                    {"tpot_ms": 0.1}))
+
+    steady = timer_reading(9.5, 9.6)
+    assert steady(spec)[0]["tpot_ms"] == 9.5
+    assert steady.confirm(spec, meets)[0]["tpot_ms"] == 9.6 and steady.timings == 2
+
+    # A narrow miss in the second timing; the third meets, and so does the median of three.
+    settled = timer_reading(9.5, 10.4, 9.7)
+    settled(spec)
+    reading, noise = settled.confirm(spec, meets)
+    assert reading == {"tpot_ms": 9.7, "memory_gb": 1.0} and noise == {"tpot_ms": 0.1}
+    assert meets(reading, noise) and settled.timings == 3
+    assert settled.confirm(spec, meets)[0]["tpot_ms"] == 9.7 and settled.timings == 3
+    assert settled(spec)[0]["tpot_ms"] == 9.7  # the closed loop reads what stands
+
+    # Two misses out of three: the median misses, and it is what the loop re-aims from.
+    slow = timer_reading(9.5, 10.4, 10.2)
+    slow(spec)
+    reading, noise = slow.confirm(spec, meets)
+    assert reading["tpot_ms"] == 10.2 and not meets(reading, noise)
+
+    # Without a verdict to settle, the second timing stands (no third).
+    plain = timer_reading(9.5, 10.4)
+    plain(spec)
+    assert plain.confirm(spec)[0]["tpot_ms"] == 10.4 and plain.timings == 2
+
+
 def test_planted_search_checkpoints_are_never_executed(ctx, tmp_path, capsys):
     from autocompress.search.dnas import CHECKPOINT_NAME, LEGACY_CHECKPOINT
 

@@ -46,9 +46,9 @@ Ours, so that the comparison with the search is fair:
   and hidden width and cut attention, which costs few parameters but much quality (on
   SmolLM2 at 50% of its llama.cpp TPOT, all ten largest kept 2-4 of its 9 heads);
 - **the pick is timed a second time** (``confirm``), as the search's is: the best
-  after the short distillation must meet the limits there too, else it drops out
-  and the next is picked (among several candidates near the limit, the ones that
-  met tend to be those that read low);
+  after the short distillation must meet the limits there too (where that timing
+  misses, a third decides), else it drops out and the next is picked (among several
+  candidates near the limit, the ones that met tend to be those that read low);
 - the short distillation's budget, data and seed are the same for every
   candidate, and it is scored by KL to the teacher on fixed calibration batches
   that neither the training stream nor the benchmarks use
@@ -74,6 +74,9 @@ from autocompress.search.space import Choice, SearchSpace
 
 # measure(spec) -> (metrics, noise); score(candidates) -> one value each, lower is better.
 Measure = Callable[[ArchSpec], tuple[dict[str, float], dict[str, float]]]
+# (spec, meets) -> the reading that stands after a second timing (``SpecTimer.confirm``)
+Confirm = Callable[[ArchSpec, Callable[[dict, dict], bool]],
+                   tuple[dict[str, float], dict[str, float]]]
 Score = Callable[[list["Candidate"]], list[float]]
 
 
@@ -347,7 +350,7 @@ def minitron_matched(space: SearchSpace, importance: Importance, costs,
                      budgets: dict[str, float], measure: Measure | None = None,
                      score: Score | None = None, config: MinitronConfig | None = None,
                      progress: Callable[[int, int], None] | None = None,
-                     confirm: Measure | None = None) -> BaselineResult:
+                     confirm: Confirm | None = None) -> BaselineResult:
     """Homogeneous architecture that meets ``budgets``: the top-k largest that meet them
     (as measured with ``measure``, else as predicted), the best by ``score``. Given
     ``confirm`` (a second timing, ``SpecTimer.confirm``), the best must meet them there too;
@@ -376,10 +379,14 @@ def minitron_matched(space: SearchSpace, importance: Importance, costs,
     return result
 
 
-def _confirmed(cand: Candidate, budgets: dict[str, float], confirm: Measure) -> bool:
-    """Whether ``cand`` meets ``budgets`` in its second timing too (recorded on it)."""
-    cand.confirmed, cand.confirmed_noise = confirm(cand.spec)
-    cand.met = meets_as_measured(cand.costs, cand.confirmed, cand.confirmed_noise, budgets)
+def _confirmed(cand: Candidate, budgets: dict[str, float], confirm: Confirm) -> bool:
+    """Whether ``cand`` meets ``budgets`` in the reading that stands after its second timing
+    too (``SpecTimer.confirm``; recorded on it)."""
+    def meets(measured, noise):
+        return meets_as_measured(cand.costs, measured, noise, budgets)
+
+    cand.confirmed, cand.confirmed_noise = confirm(cand.spec, meets)
+    cand.met = meets(cand.confirmed, cand.confirmed_noise)
     return cand.met
 
 
