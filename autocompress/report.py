@@ -20,9 +20,9 @@ entry holding ``seed``, ``arch``, ``params``, ``predicted``, ``measured``, ``noi
 ``verify_ok``, ``scores`` and ``per_item`` (``{task: {item id: score}}``). Version 2
 files (one entry per method, ``failed_methods``) read as one seed each.
 
-Accuracy differences between methods are paired by item: the multiple-choice
-items both scored, with a bootstrap 95% interval over items and seeds
-(``autocompress.stats``).
+Accuracy differences between methods are paired by item (the multiple-choice items
+both scored) and by seed (the seeds both ran), with a bootstrap 95% interval over items
+and seed pairs (``autocompress.stats``).
 """
 
 from __future__ import annotations
@@ -246,26 +246,46 @@ def _mc_tasks(per_item: dict) -> list[str]:
 
 
 def paired_vs(a: dict, b: dict) -> dict[str, Any] | None:
-    """A − B (two methods of one run) paired by item, over all their seeds.
+    """A − B (two methods of one run) paired by item and, over the seeds both ran, by seed
+    (``stats.paired_differences``' ``paired_seeds``); with no seed in common, over all their
+    seeds, resampled independently.
 
-    ``{"mc": {task|overall: PairedDiff dict}, "heldout_loss": PairedDiff dict | None}``;
-    None where either has no per-item scores.
+    ``{"mc": {task|overall: PairedDiff dict}, "heldout_loss": PairedDiff dict | None,
+    "seeds": the seeds paired, "all_seeds": whether those are every seed of both}``; None
+    where either has no per-item scores.
     """
     from autocompress.stats import OVERALL, paired_differences
 
-    runs_a = [e["per_item"] for e in a["seeds"] if e.get("per_item")]
-    runs_b = [e["per_item"] for e in b["seeds"] if e.get("per_item")]
+    by_seed_a, by_seed_b = _per_item_by_seed(a), _per_item_by_seed(b)
+    common = sorted(set(by_seed_a) & set(by_seed_b))
+    if common:
+        runs_a, runs_b = [by_seed_a[s] for s in common], [by_seed_b[s] for s in common]
+    else:
+        runs_a, runs_b = list(by_seed_a.values()), list(by_seed_b.values())
     if not runs_a or not runs_b:
         return None
+    paired = {"paired_seeds": bool(common)}
     tasks = sorted(set.intersection(*(set(_mc_tasks(r)) for r in [*runs_a, *runs_b])))
-    out: dict[str, Any] = {"mc": None, HELDOUT: None}
+    out: dict[str, Any] = {"mc": None, HELDOUT: None, "seeds": common,
+                           "all_seeds": len(common) == len(by_seed_a) == len(by_seed_b)}
     if tasks:
-        diffs = paired_differences(runs_a, runs_b, tasks)
+        diffs = paired_differences(runs_a, runs_b, tasks, **paired)
         out["mc"] = {k: v.model_dump() for k, v in diffs.items()}
         out["mc"]["overall"] = diffs[OVERALL].model_dump()
     if all(HELDOUT in r for r in [*runs_a, *runs_b]):
-        out[HELDOUT] = paired_differences(runs_a, runs_b, [HELDOUT])[HELDOUT].model_dump()
+        out[HELDOUT] = paired_differences(runs_a, runs_b, [HELDOUT],
+                                          **paired)[HELDOUT].model_dump()
     return out
+
+
+def _on_seeds(method: dict, seeds: list[int]) -> dict:
+    """``method`` with only the runs of ``seeds``."""
+    return {**method, "seeds": [e for e in method["seeds"] if e.get("seed", 0) in seeds]}
+
+
+def _per_item_by_seed(method: dict) -> dict[int, dict]:
+    """The per-item scores of each seed a method ran (seeds without them left out)."""
+    return {e.get("seed", 0): e["per_item"] for e in method["seeds"] if e.get("per_item")}
 
 
 def summary(m: dict) -> dict[str, Any]:
@@ -312,7 +332,10 @@ def _delta_text(comparison: dict | None) -> str:
     if comparison is None or comparison.get("mc") is None:
         return "—"
     d = comparison["mc"]["overall"]
-    return (f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]")
+    text = f"{100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+    if comparison.get("seeds") and not comparison.get("all_seeds", True):
+        text += f" (seeds {', '.join(str(s) for s in comparison['seeds'])})"
+    return text
 
 
 def table_rows(data: dict) -> list[dict[str, str]]:
@@ -406,9 +429,10 @@ def readme_table(data: dict) -> str:
                 f"{', '.join(map(str, seeds))}; distillation {tokens}; "
                 + (f"eval limit {settings['eval_limit']} items per task)._"
                    if settings.get("eval_limit") else "full benchmark suite)._"))
-        note += ("\n_Δ: paired by benchmark item, mean over seeds, bootstrap 95% interval "
-                 "over items and seeds (`autocompress.stats`); — where per-item scores "
-                 "were not recorded._")
+        note += ("\n_Δ: paired by benchmark item and by seed (the seeds both methods ran; "
+                 "named where not all of them), mean over seeds, bootstrap 95% interval over "
+                 "items and seed pairs (`autocompress.stats`); — where per-item scores were "
+                 "not recorded._")
     sources = _method_sources(data)
     if sources:
         note += "\n_Methods from several runs, paired under the same limits: " + "; ".join(
@@ -485,12 +509,14 @@ def verdicts(data: dict) -> list[dict[str, Any]]:
         methods = methods_of(run)
         if base not in methods or not methods[base]["seeds"]:
             continue
-        b = summary(methods[base])
+        b_all = summary(methods[base])
         for name, m in methods.items():
             if name == base or not m["seeds"]:
                 continue
-            a = summary(m)
             paired = paired_vs(m, methods[base])
+            a, b = summary(m), b_all
+            if paired and paired["seeds"] and not paired["all_seeds"]:  # the seeds both ran
+                a, b = (summary(_on_seeds(x, paired["seeds"])) for x in (m, methods[base]))
             delta = _diff(a, b, "mc_mean")
             mc = paired["mc"]["overall"] if paired and paired["mc"] else None
             se = (mc["se"] if mc else math.hypot(a.get("mc_stderr") or 0.0,
@@ -501,8 +527,8 @@ def verdicts(data: dict) -> list[dict[str, Any]]:
                 "mc_delta": delta, "mc_delta_se": se, "paired": paired,
                 "loss_delta_pruned": _diff(a, b, "loss_pruned"),
                 "loss_delta_distilled": _diff(a, b, "loss_distilled"),
-                "meets_bar": (delta is not None and delta >= WIN_MARGIN
-                              and (mc is None or mc["low"] > 0)),
+                "meets_bar": (mc["mean"] >= WIN_MARGIN and mc["low"] > 0 if mc else
+                              delta is not None and delta >= WIN_MARGIN),
                 "both_verified": bool(a["verified"] == a["verify_runs"] > 0
                                       and b["verified"] == b["verify_runs"] > 0),
                 **teacher_headroom(teacher, a, b),
@@ -563,6 +589,12 @@ def compute_seconds(data: dict) -> float:
     return total
 
 
+def _seeds_text(v: dict, paired: dict) -> str:
+    if paired.get("seeds"):
+        return "seed pairs " + ", ".join(str(s) for s in paired["seeds"])
+    return f"{v['seeds']} vs {v['baseline_seeds']} seeds, resampled independently"
+
+
 def _verdict_line(v: dict) -> str:
     head = (f"- **{v['preset']} @ {v['budget_fraction']:.0%}, {method_label(v['method'])} vs "
             f"{method_label(v['baseline'])}**: ")
@@ -577,8 +609,8 @@ def _verdict_line(v: dict) -> str:
         sure = ("above zero" if mc["low"] > 0 else "below zero" if mc["high"] < 0
                 else "includes zero")
         stat = (f"{100 * mc['mean']:+.1f} points, 95% CI [{100 * mc['low']:+.1f}, "
-                f"{100 * mc['high']:+.1f}] (paired over {mc['n_items']} items, {v['seeds']} "
-                f"vs {v['baseline_seeds']} seeds; interval {sure})")
+                f"{100 * mc['high']:+.1f}] (paired over {mc['n_items']} items, "
+                f"{_seeds_text(v, paired)}; interval {sure})")
     else:
         stat = (f"{100 * v['mc_delta']:+.1f} points (±{100 * v['mc_delta_se']:.1f} s.e. as "
                 "independent means; no per-item scores)")

@@ -15,8 +15,12 @@ tasks' differences (as ``mc_mean`` averages tasks).
 Intervals are percentile bootstraps. Each replicate resamples, with replacement,
 the items of every task (items, never tokens: an item is the unit that was drawn)
 and the seeds of each method (so seed-to-seed spread widens the interval; with one
-seed that part is fixed). Seeds are resampled independently for the two methods,
-which is conservative when the same seeds were used for both.
+seed that part is fixed). With ``paired_seeds`` (both methods ran the same seeds, given
+in the same order) a replicate draws seed *pairs*: seed s of A goes with seed s of B,
+which share the seed's data order, limit and often the timing session, so what a seed
+does to both (a faster host session lets both keep larger models) cancels in A − B, as
+an item's difficulty does. Otherwise seeds are resampled independently for the two
+methods: then such a shared seed effect counts twice.
 """
 
 from __future__ import annotations
@@ -87,15 +91,21 @@ def _replicates(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_boot: 
 
 def paired_differences(runs_a: Sequence[ItemScores], runs_b: Sequence[ItemScores],
                        tasks: Sequence[str] | None = None, *, n_boot: int = 2000,
-                       confidence: float = 0.95, seed: int = 0) -> dict[str, PairedDiff]:
+                       confidence: float = 0.95, seed: int = 0,
+                       paired_seeds: bool = False) -> dict[str, PairedDiff]:
     """Per task and ``overall``: A − B with a bootstrap interval (see the module doc).
 
     ``runs_a`` / ``runs_b``: one ``{task: {item_id: score}}`` per seed of each method.
     ``tasks``: which tasks (default: those every run has); ``overall`` averages them.
+    ``paired_seeds``: ``runs_a[i]`` and ``runs_b[i]`` ran the same seed; resample the pairs.
     """
     if not runs_a or not runs_b:
         raise AutoCompressError("a paired comparison needs at least one run of each model",
                                 hint="pass the per-item scores of both models")
+    if paired_seeds and len(runs_a) != len(runs_b):
+        raise AutoCompressError(f"seed pairs need as many runs of each model, not "
+                                f"{len(runs_a)} and {len(runs_b)}",
+                                hint="pass the runs of the seeds both models ran, in one order")
     if tasks is None:
         tasks = sorted(set.intersection(*(set(run) for run in [*runs_a, *runs_b])))
     if not tasks:
@@ -106,6 +116,8 @@ def paired_differences(runs_a: Sequence[ItemScores], runs_b: Sequence[ItemScores
     # One draw of seeds per replicate, shared by all tasks (a seed's luck is not per task).
     weights = (rng.multinomial(sa, np.full(sa, 1.0 / sa), size=n_boot) / sa,
                rng.multinomial(sb, np.full(sb, 1.0 / sb), size=n_boot) / sb)
+    if paired_seeds:  # (both drawn all the same: the items' draws stay as they were)
+        weights = (weights[0], weights[0])
     tail = 100 * (1 - confidence) / 2
     out: dict[str, PairedDiff] = {}
     per_task_reps, per_task_means, total_items = [], [], 0

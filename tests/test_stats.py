@@ -61,3 +61,22 @@ def test_items_are_matched_by_id_and_bad_input_is_refused():
         paired_vectors([1.0], [1.0, 2.0])
     with pytest.raises(AutoCompressError, match="at least one run"):
         paired_differences([], [b])
+
+
+def test_seed_pairs_cancel_what_a_seed_does_to_both_methods():
+    """Each seed moves both methods alike (as a faster timing session lets both keep larger
+    models): resampling seed pairs leaves the steady +0.03 difference with a narrow interval
+    above zero; resampling each method's seeds independently counts the seed effect twice."""
+    rng = np.random.default_rng(3)
+    means = {"t": rng.normal(0.5, 0.2, 300)}
+    shifts = (0.0, 0.0, 0.08)  # seed 2 ran where both could keep more
+    runs_b = [{"t": {k: v + s for k, v in run["t"].items()}}
+              for run, s in zip(_runs(means, 0.0, 3, 0.0, rng), shifts, strict=True)]
+    runs_a = [{"t": {k: v + 0.03 for k, v in run["t"].items()}} for run in runs_b]
+    pairs = paired_differences(runs_a, runs_b, paired_seeds=True)["t"]
+    apart = paired_differences(runs_a, runs_b)["t"]
+    assert pairs.mean == pytest.approx(0.03) == apart.mean
+    assert pairs.excludes_zero and pairs.high - pairs.low < 0.01
+    assert not apart.excludes_zero and apart.high - apart.low > 0.1
+    with pytest.raises(AutoCompressError, match="as many runs"):
+        paired_differences(runs_a, runs_b[:2], paired_seeds=True)
