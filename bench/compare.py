@@ -224,6 +224,7 @@ def method_entry(point) -> dict:
         "search_seconds": report.get("seconds"),
         "scored_candidates": report.get("scored_candidates"),
         "selection": selection_record(report),
+        "measured_rounds": report.get("measured_rounds", []),  # the search's own timings
         "timings": {"arch_s": seconds.get("arch"), "distill_s": seconds.get("model"),
                     "eval_s": seconds.get("evaluation"), "verify_s": seconds.get("verification")},
         "files": {"arch": out["arch"].uri, "model": out["model"].uri},

@@ -105,7 +105,9 @@ def _point(store, tmp_path, method, seed, mc, teacher_refs):
               "margins": {}, "seconds": 1.0, "teacher_predicted": costs,
               "cost_model": "fit", "scored_candidates": 7, "kind": method,
               "selection": [{"origin": "repair", "layers": 3, "params": 1000 + seed,
-                             "pruned_kl": 0.9, "kl": 0.5, "chosen": True, "choice": {}}]}
+                             "pruned_kl": 0.9, "kl": 0.5, "chosen": True, "choice": {}}],
+              "measured_rounds": [{"stage": "pick", "params": 1000 + seed, "met": True,
+                                   "predicted": costs, "measured": {"tpot_ms": 3.1}}]}
     evals = {"heldout_loss": 4.0}
     outputs = {
         "arch": _publish_dir(store, tmp_path, f"arch-{tag}", {"arch.search.json": search},
@@ -166,6 +168,7 @@ def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_
     entry = run["methods"]["minitron"]["seeds"][1]
     assert entry["params"] == 1001 and entry["verify_ok"] and entry["measured"]["tpot_ms"] == 3
     assert len(entry["per_item"]["t"]) == 100 and entry["scored_candidates"] == 7
+    assert entry["measured_rounds"][0]["measured"]["tpot_ms"] == 3.1  # the search's timings
     ours = run["methods"]["autocompress"]["seeds"][0]["selection"]
     assert ours == [{"origin": "repair", "layers": 3, "blocks": None, "hidden_size": None,
                      "params": 1000, "estimate": None, "pruned_kl": 0.9, "kl": 0.5,

@@ -120,9 +120,10 @@ class SpecTimer:
     then on (the closed loop and the reports read it). Where the second timing misses,
     a third decides, and the median of the three stands: timing sessions on a shared host
     spread by ±5% (docs/measurement-history.md), so an architecture at the limit misses in
-    one of two timings about as often as not, and one miss would send the search's whole
-    short list back to be re-aimed ~10% lower (interactive-cpu @ 60%: picks that used
-    88-90% of the limit in ``verify``)."""
+    one of two timings about as often as not, and one such miss sends the search's whole
+    short list back to be re-aimed lower. (It does not remove a systematic offset: the
+    search's picks at interactive-cpu @ 60% still read 6-7% over ``verify`` in every
+    seed with it.)"""
 
     def __init__(self, measure: Callable[[ArchSpec], Reading]):
         self._measure = measure

@@ -69,14 +69,13 @@ from autocompress.arch import ArchSpec, LayerSpec
 from autocompress.errors import AutoCompressError
 from autocompress.importance import Importance
 from autocompress.search.discretize import CostTables, feasible
-from autocompress.search.measured import TIMING_METRICS
+from autocompress.search.measured import TIMING_METRICS, Reading
 from autocompress.search.space import Choice, SearchSpace
 
 # measure(spec) -> (metrics, noise); score(candidates) -> one value each, lower is better.
 Measure = Callable[[ArchSpec], tuple[dict[str, float], dict[str, float]]]
 # (spec, meets) -> the reading that stands after a second timing (``SpecTimer.confirm``)
-Confirm = Callable[[ArchSpec, Callable[[dict, dict], bool]],
-                   tuple[dict[str, float], dict[str, float]]]
+Confirm = Callable[[ArchSpec, Callable[[dict, dict], bool]], Reading]
 Score = Callable[[list["Candidate"]], list[float]]
 
 
