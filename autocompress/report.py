@@ -165,11 +165,16 @@ def _join_cell(cell: dict[str, Any], run: dict[str, Any]) -> None:
         cell["methods"][method] = _join_seeds(cell["methods"][method], entry, method, name)
 
 
+def _seed_of(entry: dict[str, Any]) -> int:
+    """The seed of one method's run (a version-2 entry has none: it ran seed 0)."""
+    return entry.get("seed", 0)
+
+
 def _join_seeds(have: dict[str, Any], more: dict[str, Any], method: str, cell: str
                 ) -> dict[str, Any]:
     """One method's seeds from two files; each seed keeps the file it came from."""
     def seed_ids(m: dict[str, Any]) -> set[int]:
-        ran = {e.get("seed", 0) for e in m.get("seeds", [m])}
+        ran = {_seed_of(e) for e in m.get("seeds", [m])}
         return ran | {int(s) for s in m.get("failed", {})}
 
     repeated = sorted(seed_ids(have) & seed_ids(more))
@@ -181,7 +186,7 @@ def _join_seeds(have: dict[str, Any], more: dict[str, Any], method: str, cell: s
     def tagged(m: dict[str, Any]) -> list[dict[str, Any]]:
         return [{**e, "source": e.get("source", m.get("source"))} for e in m.get("seeds", [m])]
 
-    return {**have, "seeds": sorted(tagged(have) + tagged(more), key=lambda e: e.get("seed", 0)),
+    return {**have, "seeds": sorted(tagged(have) + tagged(more), key=_seed_of),
             "failed": {**have.get("failed", {}), **more.get("failed", {})},
             "sources": [*_sources(have), *_sources(more)]}
 
@@ -280,12 +285,12 @@ def paired_vs(a: dict, b: dict) -> dict[str, Any] | None:
 
 def _on_seeds(method: dict, seeds: list[int]) -> dict:
     """``method`` with only the runs of ``seeds``."""
-    return {**method, "seeds": [e for e in method["seeds"] if e.get("seed", 0) in seeds]}
+    return {**method, "seeds": [e for e in method["seeds"] if _seed_of(e) in seeds]}
 
 
 def _per_item_by_seed(method: dict) -> dict[int, dict]:
     """The per-item scores of each seed a method ran (seeds without them left out)."""
-    return {e.get("seed", 0): e["per_item"] for e in method["seeds"] if e.get("per_item")}
+    return {_seed_of(e): e["per_item"] for e in method["seeds"] if e.get("per_item")}
 
 
 def summary(m: dict) -> dict[str, Any]:
