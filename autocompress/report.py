@@ -871,6 +871,31 @@ def prediction_rows(data: dict) -> list[str]:
     return lines
 
 
+def pick_timing_rows(data: dict) -> list[str]:
+    """Each pick's main metric as its method timed it while choosing it (the last pick round
+    of that architecture in ``measured_rounds``) against ``verify``'s later reading: a search
+    whose timings sit systematically above or below ``verify``'s aims too low or too high."""
+    rows = []
+    for run in data.get("runs", []):
+        metric = run.get("main_metric", "tpot_ms")
+        for method, entry in _seed_entries(run):
+            picked = [r for r in entry.get("measured_rounds") or []
+                      if r.get("stage", "pick") == "pick"
+                      and r.get("params") == entry.get("params")]
+            verified = (entry.get("measured") or {}).get(metric)
+            if not picked or not verified:
+                continue
+            searched = picked[-1]["measured"][metric]
+            rows.append(f"| {run['preset']} | {run['budget_fraction']:.0%} | "
+                        f"{method_label(method)} s{entry.get('seed', 0)} | {metric} | "
+                        f"{picked[-1]['predicted'][metric]:.4g} | {searched:.4g} | "
+                        f"{verified:.4g} | {searched / verified - 1:+.1%} |")
+    if not rows:
+        return []
+    return ["| preset | budget | model | metric | predicted | timed in the search | verify | "
+            "search vs verify |", "|---|---|---|---|---|---|---|---|", *rows]
+
+
 def _settings_text(data: dict) -> str:
     s = data.get("settings", {})
     limit = s.get("eval_limit")
@@ -955,4 +980,8 @@ def write_report(data: dict, out_dir: str | Path,
         png = plot_predicted_vs_measured(data, out_dir / "predicted_vs_measured.png")
         lines += ["## Cost model: predicted vs measured", "", f"![predicted vs measured]"
                   f"({png.name})", ""] + prediction_rows(data)
+        timing = pick_timing_rows(data)
+        if timing:
+            lines += ["", "## Each pick as the search timed it and as `verify` did", "",
+                      *timing]
     return write_text_atomic(out_dir / "report.md", "\n".join(lines) + "\n")

@@ -152,6 +152,26 @@ def test_write_report_makes_markdown_and_plots(tmp_path):
     assert text.count("| tpot_ms |") == 10
 
 
+def _round(params: int, tpot: float, stage: str = "pick") -> dict:
+    return {"params": params, "stage": stage, "predicted": {"tpot_ms": 3.0},
+            "measured": {"tpot_ms": tpot}}
+
+
+def test_each_pick_is_set_beside_its_last_timing_in_the_search(tmp_path):
+    data = _synthetic(minitron_wins=False, seeds=1)
+    pick = data["runs"][0]["methods"]["autocompress"]["seeds"][0]  # verify read 3.5 ms
+    # an aim timing of another architecture, then two timings of the pick: the last stands
+    pick["measured_rounds"] = [_round(999, 9.9, "aim"), _round(1000, 3.2), _round(1000, 3.85)]
+    rows = report.pick_timing_rows(data)
+    assert len(rows) == 3  # header, rule and the one seed that has rounds
+    assert rows[2] == ("| interactive-cpu | 60% | AutoCompress s0 | tpot_ms | 3 | 3.85 | 3.5 "
+                       "| +10.0% |")
+    assert "as the search timed it" in report.write_report(data, tmp_path).read_text()
+    del pick["measured_rounds"]
+    assert report.pick_timing_rows(data) == []
+    assert "as the search timed it" not in report.write_report(data, tmp_path).read_text()
+
+
 def test_arch_matrix_marks_removed_blocks_as_zero():
     m = report.arch_matrix(_arch(48, [4, 0, 2], [2, 0, 1], [96, 64, 0]))
     assert m == {"query heads": [4, 0, 2], "KV groups": [2, 0, 1], "FFN width": [96, 64, 0]}
