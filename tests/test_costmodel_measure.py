@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import mmap
+import resource
+import sys
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import autocompress.costmodel.measure as measure
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 from autocompress.costmodel import CostModel, Target, Workload, measure_many, measure_model
 from autocompress.costmodel.measure import generate_once, model_bytes, prompt_ids
@@ -258,3 +262,46 @@ def test_robust_stat_scaled():
     assert (doubled.median, doubled.q1, doubled.q3, doubled.p10, doubled.minimum) == (
         2 * stat.median, 2 * stat.q1, 2 * stat.q3, 2 * stat.p10, 2 * stat.minimum)
     assert doubled.n == stat.n and doubled.unit == "ms" and doubled.spread == stat.spread
+
+
+def _stack_depth() -> int:
+    frame, depth = sys._getframe(1), 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+@pytest.mark.skipif(not hasattr(resource, "RUSAGE_THREAD"), reason="Linux counts per thread")
+def test_quiet_padding_picks_the_shallowest_padding_without_page_faults():
+    """A trial that maps and touches fresh pages when it runs shallower than 30 frames below
+    its first call: the padding picked is the first one at least 30 frames deep."""
+    first_depth: list[int] = []
+
+    def trial() -> None:
+        depth = _stack_depth()
+        first_depth.append(first_depth[0] if first_depth else depth)
+        if depth < first_depth[0] + 30:
+            with mmap.mmap(-1, 64 * mmap.PAGESIZE) as pages:
+                for page in range(64):
+                    pages[page * mmap.PAGESIZE] = 1
+
+    assert measure.quiet_padding(trial, paddings=(0, 12, 24, 36, 48)) == 36
+    assert measure.quiet_padding(lambda: None, paddings=(12, 0, 24)) == 0  # a tie: the least
+
+
+def test_each_model_is_timed_under_the_padding_picked_for_it(llama, monkeypatch):
+    """A padding of 40 frames puts the timed runs exactly 40 frames deeper than none."""
+
+    def timed_depths(padding: int) -> list[int]:
+        depths: list[int] = []
+        monkeypatch.setattr(measure, "quiet_padding", lambda trial, paddings=(): padding)
+        hook = llama.register_forward_pre_hook(lambda *_: depths.append(_stack_depth()))
+        try:
+            measure_model(llama, Workload(isl=8, osl=3), repeats=1, warmup=0, memory=False)
+        finally:
+            hook.remove()
+        return depths
+
+    plain, padded = timed_depths(0), timed_depths(40)
+    assert len(plain) == len(padded) == 3  # prefill + 2 decode steps
+    assert [b - a for a, b in zip(plain, padded, strict=True)] == [40, 40, 40]

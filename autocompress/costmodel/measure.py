@@ -56,8 +56,8 @@ import random
 import statistics
 import time
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from pydantic import BaseModel, Field
@@ -71,12 +71,15 @@ from autocompress.hardware import RobustStat
 from autocompress.progress import Bar
 
 GB = 1e9
+T = TypeVar("T")
 
 
 STATISTICS = ("median", "floor")
 # How many prefills each paired run times per model (one prefill is a single
 # sample, where a decode step's figure is a median over many steps).
 PAIRED_PREFILLS = 3
+# Decode steps of the short trial run that picks a model's stack padding (``quiet_padding``).
+TRIAL_OSL = 4
 
 
 class PairedTiming(BaseModel):
@@ -412,6 +415,52 @@ def measure_memory(model: torch.nn.Module, workload: Workload, seed: int = 0):
 # ---------------------------------------------------------------- harness
 
 
+# CPython keeps a thread's Python frames in 16 KiB chunks, mapped when a call crosses the
+# end of one and unmapped as soon as it returns. A decode step of a small model is mostly
+# Python calls: where the stack leaves them straddling a chunk's end, every step maps,
+# faults in and unmaps chunks, and the same model reads up to 1.6x slower depending only
+# on how deep its caller's stack is (bench/timing_stack_depth.py). So each model is timed
+# under the padding of frames at which a short trial run of it faults least: its calls
+# then sit inside one chunk, wherever the harness is called from (the cost-model fit, the
+# search, ``verify``). Not on a fresh thread: a second OpenMP team on a small machine
+# makes libgomp throttle its spin-waits, which costs more than the chunks (~45% here).
+PADDINGS = tuple(range(0, 192, 12))  # frames of ``_padded``: a little over one chunk
+
+
+def _padded(frames: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` called ``frames`` Python frames below here."""
+    return fn(*args, **kwargs) if frames <= 0 else _padded(frames - 1, fn, *args, **kwargs)
+
+
+def _thread_page_faults() -> int:
+    """Minor page faults of the calling thread (0 where the OS does not count them)."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    except (ImportError, AttributeError, OSError):
+        return 0
+
+
+def quiet_padding(trial: Callable[[], object], paddings: Sequence[int] = PADDINGS) -> int:
+    """The padding (frames) at which ``trial`` causes the fewest page faults on this thread
+    (the smallest such padding on a tie, so 0 where faults are not counted)."""
+    faults = {}
+    for frames in paddings:
+        before = _thread_page_faults()
+        _padded(frames, trial)
+        faults[frames] = _thread_page_faults() - before
+    return min(paddings, key=lambda frames: (faults[frames], frames))
+
+
+def _trial(model: torch.nn.Module, reference: torch.nn.Module | None, ids: torch.Tensor,
+           reference_ids: torch.Tensor | None) -> Callable[[], object]:
+    """A short run of ``model`` as it will be timed (paired or not), for ``quiet_padding``."""
+    if reference is None:
+        return lambda: generate_once(model, ids, TRIAL_OSL)
+    return lambda: generate_paired(model, reference, ids, reference_ids, TRIAL_OSL, prefills=1)
+
+
 class _Samples:
     """Timings (ms) of one (workload, model) pair over the recorded runs."""
 
@@ -507,6 +556,8 @@ def measure_grid(
         if reference is not None else {}
     shuffler = random.Random(seed)
     rounds = warmup + repeats
+    padding = {m: quiet_padding(_trial(models[m], reference, ids[0, m], reference_ids.get(0)))
+               for m in range(len(models))}
     with Bar(description, rounds * len(pairs), enabled=progress, transient=True) as bar:
         for round_index in range(rounds):
             order = list(pairs)
@@ -514,12 +565,13 @@ def measure_grid(
             for w, m in order:
                 osl = workloads[w].osl
                 if reference is None:
-                    first, steps, _ = generate_once(models[m], ids[w, m], osl)
+                    first, steps, _ = _padded(padding[m], generate_once, models[m], ids[w, m],
+                                              osl)
                     run = RunTimes(prefills=[first], reference_prefills=[], steps=steps,
-                                    reference_steps=[])
+                                   reference_steps=[])
                 else:
-                    run = generate_paired(models[m], reference, ids[w, m], reference_ids[w],
-                                          osl, reference_first=round_index % 2 == 1)
+                    run = _padded(padding[m], generate_paired, models[m], reference, ids[w, m],
+                                  reference_ids[w], osl, reference_first=round_index % 2 == 1)
                 if round_index >= warmup:
                     samples[w, m].add(run)
                     reference_prefills[w] += [t * 1e3 for t in run.reference_prefills]
