@@ -21,12 +21,9 @@ keeps every reading. Neighbouring rows are seconds apart, so compare within a ro
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,25 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def at_depth(depth: int, fn: Callable[[], Any]) -> Any:
-    """``fn()`` called ``depth`` Python frames below here."""
-    return fn() if depth <= 0 else at_depth(depth - 1, fn)
-
-
-def _faults(who: int) -> int:
-    return resource.getrusage(who).ru_minflt
-
-
 def time_in_callers_thread(model, ids, osl: int, repeats: int) -> tuple[float, float]:
     """(median decode step ms, minor faults per step) of the loop run on this thread."""
-    from autocompress.costmodel.measure import generate_once
+    from autocompress.costmodel.measure import generate_once, thread_page_faults
 
     generate_once(model, ids, osl)  # warm-up
-    before, medians = _faults(resource.RUSAGE_THREAD), []
+    before, medians = thread_page_faults(), []
     for _ in range(repeats):
         _, steps, _ = generate_once(model, ids, osl)
         medians.append(statistics.median(steps) * 1e3)
-    faults = _faults(resource.RUSAGE_THREAD) - before
+    faults = thread_page_faults() - before
     return statistics.median(medians), faults / (repeats * (osl - 1))
 
 
@@ -83,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoConfig
 
     from autocompress.atomic import write_json_atomic
-    from autocompress.costmodel.measure import prompt_ids, timing_reference
+    from autocompress.costmodel.measure import padded, prompt_ids, timing_reference
     from autocompress.costmodel.workload import get_workload
     from autocompress.errors import AutoCompressError
     from autocompress.hardware import machine_summary
@@ -104,9 +92,9 @@ def main(argv: list[str] | None = None) -> dict:
     rows, started = [], time.perf_counter()
     print(f"{'depth':>5}  {'caller ms':>9}  {'faults/step':>11}  {'harness ms':>10}", flush=True)
     for depth in range(first, last + 1, step):
-        own_ms, own_faults = at_depth(depth, lambda: time_in_callers_thread(
-            model, ids, args.osl, args.repeats))
-        harness_ms = at_depth(depth, lambda: time_with_harness(model, workload, args.repeats))
+        own_ms, own_faults = padded(depth, time_in_callers_thread, model, ids, args.osl,
+                                    args.repeats)
+        harness_ms = padded(depth, time_with_harness, model, workload, args.repeats)
         rows.append({"depth": depth, "callers_thread_ms": own_ms,
                      "callers_thread_faults_per_step": own_faults, "harness_ms": harness_ms})
         print(f"{depth:>5}  {own_ms:>9.3f}  {own_faults:>11.1f}  {harness_ms:>10.3f}", flush=True)

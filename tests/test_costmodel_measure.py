@@ -279,7 +279,8 @@ def test_quiet_padding_picks_the_shallowest_padding_without_page_faults():
 
     def trial() -> None:
         depth = _stack_depth()
-        first_depth.append(first_depth[0] if first_depth else depth)
+        if not first_depth:
+            first_depth.append(depth)
         if depth < first_depth[0] + 30:
             with mmap.mmap(-1, 64 * mmap.PAGESIZE) as pages:
                 for page in range(64):

@@ -418,21 +418,21 @@ def measure_memory(model: torch.nn.Module, workload: Workload, seed: int = 0):
 # CPython keeps a thread's Python frames in 16 KiB chunks, mapped when a call crosses the
 # end of one and unmapped as soon as it returns. A decode step of a small model is mostly
 # Python calls: where the stack leaves them straddling a chunk's end, every step maps,
-# faults in and unmaps chunks, and the same model reads up to 1.6x slower depending only
+# faults in and unmaps chunks, and the same model reads up to 2.2x slower depending only
 # on how deep its caller's stack is (bench/timing_stack_depth.py). So each model is timed
 # under the padding of frames at which a short trial run of it faults least: its calls
 # then sit inside one chunk, wherever the harness is called from (the cost-model fit, the
 # search, ``verify``). Not on a fresh thread: a second OpenMP team on a small machine
 # makes libgomp throttle its spin-waits, which costs more than the chunks (~45% here).
-PADDINGS = tuple(range(0, 192, 12))  # frames of ``_padded``: a little over one chunk
+PADDINGS = tuple(range(0, 192, 12))  # frames of ``padded``: a little over one chunk
 
 
-def _padded(frames: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def padded(frames: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` called ``frames`` Python frames below here."""
-    return fn(*args, **kwargs) if frames <= 0 else _padded(frames - 1, fn, *args, **kwargs)
+    return fn(*args, **kwargs) if frames <= 0 else padded(frames - 1, fn, *args, **kwargs)
 
 
-def _thread_page_faults() -> int:
+def thread_page_faults() -> int:
     """Minor page faults of the calling thread (0 where the OS does not count them)."""
     try:
         import resource
@@ -447,9 +447,9 @@ def quiet_padding(trial: Callable[[], object], paddings: Sequence[int] = PADDING
     (the smallest such padding on a tie, so 0 where faults are not counted)."""
     faults = {}
     for frames in paddings:
-        before = _thread_page_faults()
-        _padded(frames, trial)
-        faults[frames] = _thread_page_faults() - before
+        before = thread_page_faults()
+        padded(frames, trial)
+        faults[frames] = thread_page_faults() - before
     return min(paddings, key=lambda frames: (faults[frames], frames))
 
 
@@ -565,12 +565,12 @@ def measure_grid(
             for w, m in order:
                 osl = workloads[w].osl
                 if reference is None:
-                    first, steps, _ = _padded(padding[m], generate_once, models[m], ids[w, m],
+                    first, steps, _ = padded(padding[m], generate_once, models[m], ids[w, m],
                                               osl)
                     run = RunTimes(prefills=[first], reference_prefills=[], steps=steps,
                                    reference_steps=[])
                 else:
-                    run = _padded(padding[m], generate_paired, models[m], reference, ids[w, m],
+                    run = padded(padding[m], generate_paired, models[m], reference, ids[w, m],
                                   reference_ids[w], osl, reference_first=round_index % 2 == 1)
                 if round_index >= warmup:
                     samples[w, m].add(run)
