@@ -214,6 +214,17 @@ def baseline_of(data: dict) -> str:
     return data.get("baseline") or "minitron"
 
 
+def with_baseline(data: dict[str, Any], method: str) -> dict[str, Any]:
+    """``data`` with every method compared against ``method`` instead of its own baseline,
+    e.g. ``greedy`` to ask what the differentiable search adds over greedy repair; cells
+    without ``method`` keep their rows and get no deltas."""
+    present = {m for run in data.get("runs", []) for m in run.get("methods", {})}
+    if method not in present:
+        raise AutoCompressError(f"no cell has the method {method!r} to compare against",
+                                hint=f"pass one of {', '.join(sorted(present)) or 'none'}")
+    return {**data, "baseline": method}
+
+
 # ------------------------------------------------------------------ numbers
 
 

@@ -420,3 +420,38 @@ def test_one_cells_methods_from_two_files_join_under_the_same_limits(tmp_path):
     assert result.exit_code == 0, result.output
     assert "AutoCompress" in result.output and "Minitron" in result.output
     assert "AutoCompress from `a.json` (fixture); Minitron from `b.json`" in result.output
+
+
+def test_another_method_can_be_the_baseline(tmp_path, capsys, monkeypatch):
+    """`bench report --baseline greedy`: every other method, Minitron included, is paired
+    with greedy; a method no cell has is refused with one line and exit code 2."""
+    data = _synthetic(minitron_wins=False)
+    for run in data["runs"]:
+        run["methods"]["greedy"] = {"seeds": [
+            _method(_arch(48, [4, 2, 2], [2, 1, 1], [96, 64, 32]), 1000, 0.42, 5.1, 4.55, 3.6,
+                    True, seed) for seed in range(2)], "failed": {}}
+    rebased = report.with_baseline(data, "greedy")
+    assert data["baseline"] == "minitron"  # the caller's data is left as it was
+    by_method = {v["method"]: v for v in report.verdicts(rebased) if v["budget_fraction"] == 0.6}
+    assert set(by_method) == {"autocompress", "minitron"}
+    assert by_method["autocompress"]["mc_delta"] == pytest.approx(0.03)
+    assert by_method["minitron"]["mc_delta"] == pytest.approx(-0.02)
+    with pytest.raises(AutoCompressError, match="no cell has the method 'dnas'"):
+        report.with_baseline(data, "dnas")
+
+    data_path = tmp_path / "compare.json"
+    data_path.write_text(json.dumps(data))
+    result = CliRunner().invoke(_cli_app(), ["bench", "report", "--json", str(data_path),
+                                             "--out", str(tmp_path), "--baseline", "greedy"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "report.md").read_text()
+    assert "AutoCompress vs greedy (no DNAS)" in text and "(baseline)" in text
+    from autocompress.cli import main  # the console script: one line, exit code 2
+
+    monkeypatch.setattr("sys.argv", ["autocompress", "bench", "report", "--json",
+                                     str(data_path), "--baseline", "dnas"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "no cell has the method 'dnas'" in err
+    assert "Traceback" not in err

@@ -81,16 +81,23 @@ def report_command(
                                  "(default: beside the JSON)."),
     also: list[Path] = typer.Option([], "--also", help="Another compare.json (e.g. a reduced "
                                     "run) to append as its own section; repeatable."),
+    baseline: str = typer.Option(None, "--baseline", help="Compare every method with this "
+                                 "one instead of the file's baseline (minitron), e.g. `greedy` "
+                                 "to see what the differentiable search adds over greedy "
+                                 "repair."),
 ) -> None:
     """Write report.md and the plots from a compare.json."""
-    from autocompress.report import load_compare, write_report
+    from autocompress.report import load_compare, with_baseline, write_report
 
     extra = []
     for path in also:
         data = load_compare(path)
         kind = "Reduced comparison" if data.get("reduced") else "Comparison"
         extra.append((f"{kind}: `{path.name}` ({data.get('created', '?')})", data))
-    path = write_report(_load(json_paths), out_dir or json_paths[0].parent, also=extra)
+    data = _load(json_paths)
+    if baseline:
+        data = with_baseline(data, baseline)
+    path = write_report(data, out_dir or json_paths[0].parent, also=extra)
     typer.echo(f"wrote {path}")
 
 
