@@ -566,12 +566,12 @@ def measure_grid(
                 osl = workloads[w].osl
                 if reference is None:
                     first, steps, _ = padded(padding[m], generate_once, models[m], ids[w, m],
-                                              osl)
+                                             osl)
                     run = RunTimes(prefills=[first], reference_prefills=[], steps=steps,
                                    reference_steps=[])
                 else:
                     run = padded(padding[m], generate_paired, models[m], reference, ids[w, m],
-                                  reference_ids[w], osl, reference_first=round_index % 2 == 1)
+                                 reference_ids[w], osl, reference_first=round_index % 2 == 1)
                 if round_index >= warmup:
                     samples[w, m].add(run)
                     reference_prefills[w] += [t * 1e3 for t in run.reference_prefills]
