@@ -12,8 +12,10 @@ of caller stack depths in two ways, side by side at each depth:
   short trial run of the model faults least (``costmodel.measure.quiet_padding``).
 
 It prints each depth's median decode step of both ways, the minor page faults per step of
-the first (the chunks being mapped), and the spread of each way over all depths; the JSON
-keeps every reading. Neighbouring rows are seconds apart, so compare within a row.
+the first (the chunks being mapped), the seconds the harness spends choosing its padding
+(16 short trial runs, once per model and timing grid) beside the seconds of the whole
+``measure_model`` call, and the spread of each over all depths; the JSON keeps every
+reading. Neighbouring rows are seconds apart, so compare within a row.
 
     python bench/timing_stack_depth.py --json bench/results/timing_stack_depth.json
 """
@@ -61,6 +63,15 @@ def time_with_harness(model, workload, repeats: int) -> float:
     return measure_model(model, workload, repeats=repeats, warmup=1, memory=False).tpot_ms.median
 
 
+def time_padding_choice(model, ids) -> float:
+    """Seconds ``quiet_padding`` takes to choose this model's padding (its trial runs)."""
+    from autocompress.costmodel.measure import _trial, quiet_padding
+
+    started = time.perf_counter()
+    quiet_padding(_trial(model, None, ids, None))
+    return time.perf_counter() - started
+
+
 def _spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values),
             "max_over_min": max(values) / min(values)}
@@ -90,18 +101,27 @@ def main(argv: list[str] | None = None) -> dict:
     workload = get_workload(args.workload).model_copy(update={"osl": args.osl})
     ids = prompt_ids(model, workload)
     rows, started = [], time.perf_counter()
-    print(f"{'depth':>5}  {'caller ms':>9}  {'faults/step':>11}  {'harness ms':>10}", flush=True)
+    print(f"{'depth':>5}  {'caller ms':>9}  {'faults/step':>11}  {'harness ms':>10}  "
+          f"{'call s':>6}  {'padding s':>9}", flush=True)
     for depth in range(first, last + 1, step):
         own_ms, own_faults = padded(depth, time_in_callers_thread, model, ids, args.osl,
                                     args.repeats)
+        call_started = time.perf_counter()
         harness_ms = padded(depth, time_with_harness, model, workload, args.repeats)
+        call_s = time.perf_counter() - call_started
+        padding_s = padded(depth, time_padding_choice, model, ids)
         rows.append({"depth": depth, "callers_thread_ms": own_ms,
-                     "callers_thread_faults_per_step": own_faults, "harness_ms": harness_ms})
-        print(f"{depth:>5}  {own_ms:>9.3f}  {own_faults:>11.1f}  {harness_ms:>10.3f}", flush=True)
+                     "callers_thread_faults_per_step": own_faults, "harness_ms": harness_ms,
+                     "harness_call_s": call_s, "padding_choice_s": padding_s})
+        print(f"{depth:>5}  {own_ms:>9.3f}  {own_faults:>11.1f}  {harness_ms:>10.3f}  "
+              f"{call_s:>6.2f}  {padding_s:>9.2f}", flush=True)
     summary = {"callers_thread_ms": _spread([r["callers_thread_ms"] for r in rows]),
-               "harness_ms": _spread([r["harness_ms"] for r in rows])}
+               "harness_ms": _spread([r["harness_ms"] for r in rows]),
+               "padding_choice_s": _spread([r["padding_choice_s"] for r in rows]),
+               "harness_call_s": _spread([r["harness_call_s"] for r in rows])}
     for way, spread in summary.items():
-        print(f"{way}: {spread['min']:.3f}-{spread['max']:.3f} ms "
+        unit = "s" if way.endswith("_s") else "ms"
+        print(f"{way}: {spread['min']:.3f}-{spread['max']:.3f} {unit} "
               f"(max/min {spread['max_over_min']:.3f})")
     data = {"benchmark": "timing_stack_depth", "model": str(args.model),
             "params": spec.num_params(), "workload": workload.model_dump(),
