@@ -76,9 +76,14 @@ def load_compare(path: str | Path) -> dict[str, Any]:
     return data if methods is None else only_methods(data, methods, path.name)
 
 
+def method_names(data: dict[str, Any]) -> set[str]:
+    """Every method some cell of ``data`` ran."""
+    return {m for run in data.get("runs", []) for m in run.get("methods", {})}
+
+
 def only_methods(data: dict[str, Any], methods: list[str], name: str) -> dict[str, Any]:
     """``data`` with only ``methods`` in each cell; each kept method says which file it is from."""
-    present = {m for run in data.get("runs", []) for m in run.get("methods", {})}
+    present = method_names(data)
     missing = [m for m in methods if m not in present]
     if missing:
         raise AutoCompressError(f"{name} has no method {', '.join(missing)}",
@@ -218,7 +223,7 @@ def with_baseline(data: dict[str, Any], method: str) -> dict[str, Any]:
     """``data`` with every method compared against ``method`` instead of its own baseline,
     e.g. ``greedy`` to ask what the differentiable search adds over greedy repair; cells
     without ``method`` keep their rows and get no deltas."""
-    present = {m for run in data.get("runs", []) for m in run.get("methods", {})}
+    present = method_names(data)
     if method not in present:
         raise AutoCompressError(f"no cell has the method {method!r} to compare against",
                                 hint=f"pass one of {', '.join(sorted(present)) or 'none'}")

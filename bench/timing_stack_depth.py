@@ -65,10 +65,10 @@ def time_with_harness(model, workload, repeats: int) -> float:
 
 def time_padding_choice(model, ids) -> float:
     """Seconds ``quiet_padding`` takes to choose this model's padding (its trial runs)."""
-    from autocompress.costmodel.measure import _trial, quiet_padding
+    from autocompress.costmodel.measure import padding_trial, quiet_padding
 
     started = time.perf_counter()
-    quiet_padding(_trial(model, None, ids, None))
+    quiet_padding(padding_trial(model, None, ids, None))
     return time.perf_counter() - started
 
 

@@ -453,8 +453,8 @@ def quiet_padding(trial: Callable[[], object], paddings: Sequence[int] = PADDING
     return min(paddings, key=lambda frames: (faults[frames], frames))
 
 
-def _trial(model: torch.nn.Module, reference: torch.nn.Module | None, ids: torch.Tensor,
-           reference_ids: torch.Tensor | None) -> Callable[[], object]:
+def padding_trial(model: torch.nn.Module, reference: torch.nn.Module | None,
+                  ids: torch.Tensor, reference_ids: torch.Tensor | None) -> Callable[[], object]:
     """A short run of ``model`` as it will be timed (paired or not), for ``quiet_padding``."""
     if reference is None:
         return lambda: generate_once(model, ids, TRIAL_OSL)
@@ -556,7 +556,8 @@ def measure_grid(
         if reference is not None else {}
     shuffler = random.Random(seed)
     rounds = warmup + repeats
-    padding = {m: quiet_padding(_trial(models[m], reference, ids[0, m], reference_ids.get(0)))
+    padding = {m: quiet_padding(padding_trial(models[m], reference, ids[0, m],
+                                              reference_ids.get(0)))
                for m in range(len(models))}
     with Bar(description, rounds * len(pairs), enabled=progress, transient=True) as bar:
         for round_index in range(rounds):
