@@ -255,10 +255,18 @@ def _seed_sd(values: list) -> float | None:
 
 
 def _limit_text(run: dict) -> str:
+    """The cell's limits, each with its share of the teacher as this run measured it: a
+    limit carried from another session (``--limits-from``) is a fraction of *that*
+    session's teacher, and the teacher's own reading moves between sessions."""
+    measured = (run.get("teacher_verify") or {}).get("measured") or {}
     parts = []
     for name, bound in run.get("limits", {}).items():
         sign = "≤" if name.startswith("max_") else "≥"
-        parts.append(f"{name.removeprefix('max_').removeprefix('min_')} {sign} {bound:.3g}")
+        metric = name.removeprefix("max_").removeprefix("min_")
+        text = f"{metric} {sign} {bound:.3g}"
+        if measured.get(metric):
+            text += f" ({bound / measured[metric]:.0%} of the teacher's {measured[metric]:.3g})"
+        parts.append(text)
     return ", ".join(parts)
 
 
@@ -692,11 +700,22 @@ def _rank_correlation(a: list[float], b: list[float]) -> float | None:
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
 
 
+TEACHER_SIDE = "teacher: "  # origin prefix of a candidate repaired from the teacher
+
+
+def _side(candidate: dict) -> str:
+    """Which side of the search's short list a candidate came from: repair from the
+    teacher (what greedy also finds) or repair from the DNAS answer."""
+    return "teacher" if str(candidate.get("origin", "")).startswith(TEACHER_SIDE) else "search"
+
+
 def selection_lines(data: dict) -> list[str]:
     """The final pick of each method and seed: how many candidates got the short
-    distillation, the winner, and whether the ranking right after pruning agreed."""
+    distillation, the winner, whether the ranking right after pruning agreed, and, where
+    the short list had both sides, which side won (per cell and method, a count)."""
     lines = []
     for run in data.get("runs", []):
+        wins: dict[str, list[str]] = {}
         for name, e in _seed_entries(run):
             short = [f for f in e.get("selection") or [] if f.get("kl") is not None]
             chosen = next((f for f in short if f.get("chosen")), None)
@@ -715,7 +734,16 @@ def selection_lines(data: dict) -> list[str]:
                          f"after pruning, {best_pruned['layers']} layers, had "
                          f"{best_pruned['kl']:.3f} after the short distillation"
                          + (f"; Spearman ρ {rho:+.2f}" if rho is not None else "") + ")")
+            if {_side(f) for f in short} == {"teacher", "search"}:
+                side = _side(chosen)
+                wins.setdefault(name, []).append(side)
+                text += (" — from the teacher's side (greedy repair)" if side == "teacher"
+                         else " — from the search's side (repair of the DNAS answer)")
             lines.append(text + ".")
+        for name, sides in wins.items():
+            lines.append(f"- {run['preset']} @ {run['budget_fraction']:.0%}, "
+                         f"{method_label(name)}: the search's side won "
+                         f"{sides.count('search')} of {len(sides)} seeds.")
     return lines
 
 

@@ -311,6 +311,29 @@ def test_final_picks_say_whether_the_ranking_after_pruning_agreed():
     assert report._rank_correlation([1, 2, 3], [3, 4, 5]) == 1.0
 
 
+def test_final_picks_say_which_side_of_the_short_list_won():
+    data = _synthetic(minitron_wins=True, seeds=3)
+    entries = data["runs"][1]["methods"]["autocompress"]["seeds"]
+    for seed, entry in enumerate(entries):  # seed 1's winner is repaired from the teacher
+        entry["selection"] = [
+            {"layers": 2, "params": 2000, "kl": 0.2, "origin": "repair", "chosen": seed != 1},
+            {"layers": 3, "params": 3000, "kl": 0.3, "origin": "teacher: repair",
+             "chosen": seed == 1}]
+    entries[2]["selection"][1]["origin"] = "1 layers emptied"  # one side only: no claim
+    lines = report.selection_lines(data)
+    assert "from the search's side" in lines[0] and "from the teacher's side" in lines[1]
+    assert "side" not in lines[2]
+    assert lines[3] == ("- interactive-cpu @ 40%, AutoCompress: the search's side won 1 of 2 "
+                        "seeds.")
+
+
+def test_a_limit_says_its_share_of_the_teacher_as_this_run_measured_it():
+    run = _synthetic(minitron_wins=False)["runs"][1]  # 4 ms; the teacher read 9 ms here
+    assert report._limit_text(run) == "tpot_ms ≤ 4 (44% of the teacher's 9)"
+    del run["teacher_verify"]
+    assert report._limit_text(run) == "tpot_ms ≤ 4"
+
+
 def test_cells_of_several_files_share_one_table_and_a_clash_is_refused(tmp_path):
     """One file per preset (each from its own `bench compare`): `--json` repeated puts their
     cells in one table; the same cell twice, or another target, is a one-line error."""
