@@ -299,6 +299,30 @@ def test_hidden_state_term_is_recorded(ctx):
         result.trajectory[0]["expected"]["tpot_ms"] / budgets["tpot_ms"] - 1, abs=1e-4)
 
 
+def test_the_mode_constraint_holds_the_likeliest_architecture_with_the_expected_gradient(ctx):
+    """Started on a choice exactly at the budget, the expected cost is elsewhere (the
+    spread of p around the start), the mode's is the budget itself; the gradient is the
+    expectation's either way."""
+    s = ctx.space
+    start = Choice(1, tuple(0 for _ in range(s.num_layers)), tuple(1 for _ in range(s.num_layers)))
+    at_start = CostTables(ctx.costs, ["tpot_ms"]).evaluate(start)["tpot_ms"]
+    budgets = {"tpot_ms": at_start}
+    config = DNASConfig(steps=1, batch_size=2, seq_len=16, teacher_cache=0, constraint="mode")
+    dnas = DNAS(ctx.masked, ctx.costs, budgets, config, start=start)
+    expected = dnas.expected_costs()
+    held = dnas.constraint_costs(expected)
+    assert float(held["tpot_ms"].detach()) == pytest.approx(at_start, rel=1e-9)
+    assert abs(float(expected["tpot_ms"].detach()) / at_start - 1) > 0.01  # the spread
+    (grad_held,) = torch.autograd.grad(held["tpot_ms"], dnas.alpha[2], retain_graph=True)
+    (grad_expected,) = torch.autograd.grad(expected["tpot_ms"], dnas.alpha[2])
+    assert torch.allclose(grad_held, grad_expected) and grad_held.abs().sum() > 0
+
+    batch = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    record = dnas.run(lambda step: batch).trajectory[0]
+    assert record["constraint"] == "mode" and record["g"]["tpot_ms"] == pytest.approx(0, abs=1e-4)
+    assert record["lambda"]["tpot_ms"] == pytest.approx(0, abs=1e-6)  # no push cheaper
+
+
 # ------------------------------------------------------------------ measured loop
 
 

@@ -834,7 +834,8 @@ def raise_unreachable(ctx, limits, budgets, smallest=None, as_measured=False) ->
 def _step_info(rec: dict[str, Any]) -> str:
     ratios = " ".join(f"{m.split('_')[0]} {1 + g:.2f}" for m, g in rec["g"].items())
     lams = " ".join(f"λ {v:.2f}" for v in rec["lambda"].values())
-    return f"kl {rec['kl']:.3f}  E/budget {ratios}  {lams}  τ {rec['tau']:.2f}"
+    held = "mode" if rec.get("constraint") == "mode" else "E"
+    return f"kl {rec['kl']:.3f}  {held}/budget {ratios}  {lams}  τ {rec['tau']:.2f}"
 
 
 def _interactive() -> bool:

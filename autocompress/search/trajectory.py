@@ -58,10 +58,11 @@ def plot_trajectory(path: str | Path, trajectory: list[dict[str, Any]], space: S
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
     ax = axes[0, 1]
+    held = "mode" if trajectory and trajectory[0].get("constraint") == "mode" else "E"
     for m in metrics:
-        ax.plot(steps, [1.0 + r["g"][m] for r in trajectory], label=f"E[{m}] / budget")
+        ax.plot(steps, [1.0 + r["g"][m] for r in trajectory], label=f"{held}[{m}] / budget")
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
-    ax.set_title("expected cost / budget")
+    ax.set_title("the cost the limits hold / budget")
     ax.set_xlabel("step")
     ax.legend(fontsize=8)
     ax = axes[1, 0]
