@@ -323,6 +323,40 @@ def test_the_mode_constraint_holds_the_likeliest_architecture_with_the_expected_
     assert record["lambda"]["tpot_ms"] == pytest.approx(0, abs=1e-6)  # no push cheaper
 
 
+def test_the_search_can_answer_with_its_best_scored_iterate(ctx, tmp_path):
+    """keep_best_every: the start (at the budget) is scored at step 0, so the answer is never
+    worse on the scoring batches than where the search started, and a resumed run keeps it."""
+    from autocompress.search.discretize import choice_kl
+
+    s = ctx.space
+    start = Choice(1, tuple(0 for _ in range(s.num_layers)), tuple(1 for _ in range(s.num_layers)))
+    budgets = {"tpot_ms": CostTables(ctx.costs, ["tpot_ms"]).evaluate(start)["tpot_ms"]}
+    config = DNASConfig(steps=6, batch_size=2, seq_len=16, teacher_cache=2, lr=0.5,
+                        keep_best_every=2, checkpoint_every=3)
+
+    def batches(step):
+        return torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(step))
+
+    dnas = DNAS(ctx.masked, ctx.costs, budgets, config, start=start)
+    first = dnas.run(batches, checkpoint_dir=tmp_path, max_steps_this_run=3)
+    assert first.best is not None and first.best["step"] in (0, 2)
+    result = DNAS(ctx.masked, ctx.costs, budgets, config, start=start).run(
+        batches, checkpoint_dir=tmp_path)
+    assert result.completed and result.best["kl"] <= first.best["kl"]
+    scoring = [batches(0), batches(1)]
+    reference = [ctx.masked.model(input_ids=b).logits.half() for b in scoring]
+    at_start = choice_kl(ctx.masked, start, scoring, reference)
+    assert result.best["kl"] <= at_start + 1e-6
+    anchor = result.anchor_choice(s)
+    assert anchor.to_dict() == result.best["choice"]
+    assert choice_kl(ctx.masked, anchor, scoring, reference) == pytest.approx(result.best["kl"],
+                                                                               abs=1e-5)
+    assert CostTables(ctx.costs, ["tpot_ms"]).evaluate(anchor)["tpot_ms"] <= budgets["tpot_ms"]
+    plain = DNAS(ctx.masked, ctx.costs, budgets, config.model_copy(update={"keep_best_every": 0}),
+                 start=start).run(batches)
+    assert plain.best is None and plain.anchor_choice(s) == plain.argmax_choice(s)
+
+
 # ------------------------------------------------------------------ measured loop
 
 

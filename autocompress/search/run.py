@@ -304,6 +304,7 @@ class SearchOutcome:
             "per_hidden": d.per_hidden,
             "dnas_start": self.dnas_start.to_dict() if self.dnas_start else "uniform",
             "final_lambda": self.dnas.lambdas,
+            "dnas_best": self.dnas.best,  # keep_best_every: where the anchor came from
             "search_completed": self.dnas.completed,
             "seconds": self.seconds,
             "measured_rounds": [r.model_dump() for r in self.measured_rounds],
@@ -471,7 +472,7 @@ class Repairs:
         space = ctx.space
         self.space, self.costs = space, costs
         self.depth = config.selection.varies_depth
-        self.anchor = result.argmax_choice(space)
+        self.anchor = result.anchor_choice(space)
         # Architectures evaluated on data: one per DNAS step, the anchor and its options.
         self.evaluations = {"dnas_steps": len(result.trajectory), "measured_scores": 0}
         self.scores = self.near = None
