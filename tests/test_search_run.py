@@ -116,6 +116,10 @@ def test_search_meets_several_limits_under_the_cost_model(ctx, tmp_path):
     first = steps[0]  # one Adam step (lr 0.1) cannot undo the start's lead of 3
     assert np.argmax(first["p_attention"], 1).tolist() == list(greedy.attention)
     assert np.argmax(first["p_ffn"], 1).tolist() == list(greedy.ffn)
+    last = steps[-1]  # the search side's start is DNAS's own answer, whichever side won
+    assert report["dnas_answer"] == {"hidden": int(np.argmax(last["p_hidden"])),
+                                     "attention": np.argmax(last["p_attention"], 1).tolist(),
+                                     "ffn": np.argmax(last["p_ffn"], 1).tolist()}
     from autocompress.arch import ArchSpec
 
     spec = ArchSpec.from_json(tmp_path / "arch.json").complete_from(ctx.space.teacher)

@@ -295,8 +295,9 @@ class SearchOutcome:
             **shared_report(ctx, self.spec, self.limits, self.budgets, self.prediction,
                             self.checks),
             "choice": d.choice.to_dict(),
-            "anchor": d.anchor.to_dict(),
+            "anchor": d.anchor.to_dict(),  # where the winner's repair started
             "anchor_costs": d.anchor_costs,
+            "dnas_answer": self.dnas.anchor_choice(space).to_dict(),  # the search side's start
             "repair_changes": d.changes,
             "scores": d.score_source,
             "scored_candidates": sum(self.evaluations.values()),
