@@ -854,7 +854,7 @@ def plot_heatmaps(archs: list[tuple[str, dict]], title: str, path: Path) -> Path
         ax.set_title(q, fontsize=9)
     axes[-1].set_xlabel("layer of the model (– = block removed, blank = no such layer)")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the suptitle
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
