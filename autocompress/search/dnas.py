@@ -101,7 +101,9 @@ class DNASConfig(BaseModel):
         "started on greedy's answer, which sits at the budget, the spread of p around it "
         "put the expected TPOT 25% over budget at step 1 (interactive-cpu @ 40%); the "
         "multiplier then pushed every choice cheaper and the sampled KL doubled before "
-        "the expectation settled under the budget.",
+        "the expectation settled under the budget. Measured: a tie with 'expected' there "
+        "(three seeds), and on SmolLM2 the mode jumped across the budget when the hidden "
+        "size flipped (docs/results-history.md).",
     )
     keep_best_every: int = Field(
         default=0, ge=0,
@@ -110,7 +112,8 @@ class DNASConfig(BaseModel):
         "batches; the search answers with the best one scored, not the last (0 = the last "
         "argmax). Why: started on greedy's answer, the multiplier's push-pull around the budget "
         "can end far from a start that was better (SmolLM2 @ 50%: the DNAS side's best "
-        "candidate was 0.15-0.97 nats of short-distillation KL behind the teacher side's).",
+        "candidate was 0.15-0.97 nats of short-distillation KL behind the teacher side's). "
+        "Measured on the bundled teacher only: a tie with 0 at interactive-cpu @ 40%.",
     )
     hidden_weight: float = Field(
         default=0.0, ge=0, description="Weight of the hidden-state term (1 - cos)."
@@ -164,7 +167,7 @@ class DNASResult:
         return _probabilities(space, self.alpha_hidden, self.alpha_attention, self.alpha_ffn)
 
     def argmax_choice(self, space: SearchSpace) -> Choice:
-        """The most likely option of every choice, made legal if it is not."""
+        """``most_likely`` under the final logits."""
         return most_likely(space, *self.probabilities(space))
 
 
