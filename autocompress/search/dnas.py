@@ -312,10 +312,15 @@ class DNAS:
                                      p_h.double())
 
     @torch.no_grad()
-    def mode_costs(self) -> dict[str, torch.Tensor]:
-        """The cost of the most likely architecture (one-hot probabilities)."""
-        p_h, p_a, p_f = _probabilities(self.space, *self.alpha)
-        one_hot = _logits_at(self.space, most_likely(self.space, p_h, p_a, p_f), 1.0)
+    def mode_choice(self) -> Choice:
+        """``most_likely`` under the current logits."""
+        return most_likely(self.space, *_probabilities(self.space, *self.alpha))
+
+    @torch.no_grad()
+    def mode_costs(self, choice: Choice | None = None) -> dict[str, torch.Tensor]:
+        """The cost of ``choice`` (default: the most likely architecture) as one-hot
+        probabilities."""
+        one_hot = _logits_at(self.space, choice or self.mode_choice(), 1.0)
         h, a, f = (t.double() for t in one_hot)
         return expected_budget_costs(self.costs, list(self.budgets), a, f, h)
 
@@ -464,10 +469,10 @@ class DNAS:
     @torch.no_grad()
     def _keep_best(self, step: int, scoring: list[tuple[torch.Tensor, Any]]) -> None:
         """Score the most likely architecture if it meets every budget; keep it if best."""
-        costs = self.mode_costs()
+        choice = self.mode_choice()
+        costs = self.mode_costs(choice)
         if any(float(costs[m]) > b for m, b in self.budgets.items()):
             return
-        choice = most_likely(self.space, *_probabilities(self.space, *self.alpha))
         best = self.state.best
         if best is not None and best["choice"] == choice.to_dict():
             return

@@ -525,7 +525,7 @@ class Repairs:
         other = repaired_finalists(self.space, self.costs, bounds, full, self.teacher_scores,
                                    start, self.depth)
         for f in other:
-            f.origin = f"teacher: {f.origin}"
+            f.origin = f"teacher: {f.origin}"  # report.TEACHER_SIDE reads this prefix
         return Sides(own, other)
 
 
