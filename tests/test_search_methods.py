@@ -330,6 +330,48 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     assert best.estimate > min(f.estimate for f in listed)
 
 
+def test_measured_estimates_rank_repairs_by_their_kl_not_by_summed_scores(ctx):
+    """With ``selection.estimate='measured'`` repair keeps the hidden size whose repaired
+    choice has the lowest KL to the teacher, and every finalist's estimate is that KL: sums
+    of single-change scores taken at a pruned anchor can promise more than its whole KL."""
+    from autocompress.search.discretize import (
+        MeasuredKL,
+        choice_kl,
+        measured_scores,
+        repair,
+        teacher_logits,
+    )
+    from autocompress.search.run import run_search
+    from autocompress.search.selection import SelectionConfig, repaired_finalists
+
+    budgets = {"tpot_ms": 0.5 * ctx.teacher_costs()["tpot_ms"]}
+    batches = ctx.score_batches(CONFIG)
+    kl = MeasuredKL(ctx.masked, batches)
+    anchor = ctx.space.full_choice()
+    scores = measured_scores(ctx.masked, anchor, batches, radius=None)
+    found = repair(ctx.space, ctx.costs, budgets, anchor, scores, rank=kl)
+    by_score = repair(ctx.space, ctx.costs, budgets, anchor, scores)
+    assert found.alternatives, "the test needs more than one feasible hidden size"
+    per_hidden = [found, *found.alternatives]
+    assert {d.choice for d in per_hidden} == {d.choice for d in [by_score, *by_score.alternatives]}
+    assert kl(found.choice) == min(kl(d.choice) for d in per_hidden)
+    assert by_score.score == min(d.score for d in per_hidden)
+
+    reference = teacher_logits(ctx.model, batches)
+    every = repaired_finalists(ctx.space, ctx.costs, budgets, anchor, scores, found, True, kl)
+    assert len(every) > len(per_hidden)  # depth variants too
+    for f in every:  # the KL measured afresh, not a sum of scores
+        assert f.estimate == pytest.approx(choice_kl(ctx.masked, f.choice, batches, reference))
+    assert len(kl.memo) == len({f.choice for f in every})  # each choice measured once
+
+    config = CONFIG.model_copy(update={"selection": SelectionConfig(estimate="measured")})
+    outcome = run_search(ctx, Limits(max_tpot_ms=budgets["tpot_ms"]), config, progress=False)
+    report = outcome.report(ctx)
+    assert report["evaluations"]["measured_candidates"] >= len(report["selection"])
+    for row in report["selection"]:  # no training in this config: the estimate is that KL
+        assert row["estimate"] == pytest.approx(row["pruned_kl"], rel=1e-4)
+
+
 def test_two_sides_probe_then_the_lower_kl_side_takes_the_rest_of_the_short_list():
     """DNAS's side and the teacher's each get their best candidates distilled; the rest of
     the list goes to the side that scored lower, whichever it is, and a side that runs out

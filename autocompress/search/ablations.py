@@ -43,11 +43,10 @@ from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 from autocompress.search.discretize import (
     CostTables,
-    choice_kl,
+    MeasuredKL,
     feasible,
     measured_job_list,
     repair,
-    teacher_logits,
 )
 from autocompress.search.measured import MeasuredRound
 from autocompress.search.run import (
@@ -58,6 +57,7 @@ from autocompress.search.run import (
     check_reachable,
     final_check,
     measured_loop,
+    measured_rank,
     raise_unreachable,
     shared_report,
     teacher_scores,
@@ -186,18 +186,19 @@ def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     budgets = check_reachable(ctx, limits)
     space, anchor = ctx.space, ctx.space.full_choice()
     scores = teacher_scores(ctx, config)
+    rank = measured_rank(ctx, config)
     inner = dict(budgets)
     final = FinalPick(ctx, config, budgets=budgets)
 
     def answer(bounds):  # repair from the teacher, untrained
-        found = repair(space, ctx.costs, bounds, anchor, scores)
+        found = repair(space, ctx.costs, bounds, anchor, scores, rank=rank)
         if found is None:
             raise_unreachable(ctx, limits, budgets, as_measured=bounds != inner)
         return found
 
     def pick(bounds):
         return final.choose(lambda: repaired_finalists(
-            space, ctx.costs, bounds, anchor, scores, answer(bounds), final.depth)).found
+            space, ctx.costs, bounds, anchor, scores, answer(bounds), final.depth, rank)).found
 
     found, rounds = measured_loop(ctx, config, pick, lambda f: space.spec_of(f.choice),
                                   budgets, inner, final.timer, aim=answer)
@@ -217,27 +218,25 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     tables.check_memory(space.full_choice())  # exact memory if the fast mirror drifts
     count = config.random.candidates or searched_count(space, config)
     pool, drawn = sample_choices(space, tables, budgets, count, config.dnas.seed, config.random)
-    batches = ctx.score_batches(config)
-    reference = teacher_logits(ctx.model, batches)
-    kl = {choice: choice_kl(ctx.masked, choice, batches, reference) for choice in pool}
+    kl = MeasuredKL(ctx.masked, ctx.score_batches(config))
+    ranked = sorted(kl(choice) for choice in pool)
     final = FinalPick(ctx, config, budgets=budgets)
 
     def within(bounds):  # the pool's candidates within the bounds, best KL first
         found = sorted((c for c in pool if feasible(tables.evaluate(c), bounds)),
-                       key=lambda c: (kl[c], c.hidden, c.attention, c.ffn))
+                       key=lambda c: (kl(c), c.hidden, c.attention, c.ffn))
         if not found:
             raise_unreachable(ctx, limits, budgets, as_measured=True)
         return found
 
     def pick(bounds):
-        return final.choose(lambda: [Finalist(c, kl[c], "random", layers_kept(space, c))
+        return final.choose(lambda: [Finalist(c, kl(c), "random", layers_kept(space, c))
                                      for c in within(bounds)]).choice
 
     choice, rounds = measured_loop(ctx, config, pick, space.spec_of, budgets, dict(budgets),
                                    final.timer, aim=lambda bounds: within(bounds)[0])
-    ranked = sorted(kl.values())
     return _outcome(ctx, "random", limits, budgets, space.spec_of(choice), rounds, started,
-                    len(pool), {"choice": choice.to_dict(), "kl": kl[choice], "sampling": drawn,
+                    len(pool), {"choice": choice.to_dict(), "kl": kl(choice), "sampling": drawn,
                                 "kl_of_candidates": {"min": ranked[0],
                                                      "median": float(np.median(ranked)),
                                                      "max": ranked[-1]}}, final)

@@ -40,6 +40,7 @@ from autocompress.search.budgets import budgets_from_limits, reachable_text, res
 from autocompress.search.discretize import (
     CostTables,
     Discretized,
+    MeasuredKL,
     Scores,
     feasible,
     measured_job_list,
@@ -448,6 +449,14 @@ def scores_at(ctx: SearchContext, config: SearchConfig, anchor: Choice, radius: 
     return scores
 
 
+def measured_rank(ctx: SearchContext, config: SearchConfig) -> MeasuredKL | None:
+    """The KL that ranks repaired candidates when ``selection.estimate`` is 'measured'
+    (on the measured scores' batches), else None: their additive scores rank them."""
+    if config.selection.estimate != "measured":
+        return None
+    return MeasuredKL(ctx.masked, ctx.score_batches(config))
+
+
 def teacher_scores(ctx: SearchContext, config: SearchConfig, progress: bool = False) -> Scores:
     """Every single-option change measured at the teacher (greedy repair's scores)."""
     return scores_at(ctx, config, ctx.space.full_choice(), None, "teacher scores", progress)
@@ -484,6 +493,7 @@ class Repairs:
             self.scores = scores_at(ctx, config, self.anchor, measured_radius, "scores",
                                     progress)
             self.near = within_radius(space, self.scores, self.anchor, radius)
+        self.rank = measured_rank(ctx, config)
         self.fallback = probability_scores(space, result.probabilities(space))
         if config.scores_teacher_side and at_teacher is None:
             at_teacher = teacher_scores(ctx, config, progress)
@@ -498,10 +508,11 @@ class Repairs:
         ``unreachable(bounds)`` raises when nothing meets ``bounds``."""
         space, costs, anchor = self.space, self.costs, self.anchor
         used = self.scores
-        found = repair(space, costs, bounds, anchor, self.near) if self.near is not None else None
+        found = (repair(space, costs, bounds, anchor, self.near, rank=self.rank)
+                 if self.near is not None else None)
         if found is None:  # probability scores cover the whole space
             used = self.fallback
-            found = repair(space, costs, bounds, anchor, used)
+            found = repair(space, costs, bounds, anchor, used, rank=self.rank)
         if found is None:
             unreachable(bounds)
         return found, used
@@ -511,19 +522,22 @@ class Repairs:
         found, used = self.answer(bounds, unreachable)
         tables = CostTables(self.costs, list(bounds))
         carried = [f for f in final.carried if feasible(tables.evaluate(f.choice), bounds)]
-        return final.choose(lambda: self._finalists(bounds, used, found), carried).found
+        chosen = final.choose(lambda: self._finalists(bounds, used, found), carried).found
+        if self.rank is not None:
+            self.evaluations["measured_candidates"] = len(self.rank.memo)
+        return chosen
 
     def _finalists(self, bounds, used, found) -> list[Finalist] | Sides:
         own = repaired_finalists(self.space, self.costs, bounds, self.anchor, used, found,
-                                 self.depth)
+                                 self.depth, self.rank)
         if self.teacher_scores is None:
             return own
         full = self.space.full_choice()
-        start = repair(self.space, self.costs, bounds, full, self.teacher_scores)
+        start = repair(self.space, self.costs, bounds, full, self.teacher_scores, rank=self.rank)
         if start is None:
             return own
         other = repaired_finalists(self.space, self.costs, bounds, full, self.teacher_scores,
-                                   start, self.depth)
+                                   start, self.depth, self.rank)
         for f in other:
             f.origin = f"teacher: {f.origin}"  # report.TEACHER_SIDE reads this prefix
         return Sides(own, other)

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -55,6 +55,13 @@ class SelectionConfig(BaseModel):
         "option scored there, as the greedy ablation does): each side's best top_k/5 get the "
         "short distillation, the side that scored lower takes the rest of the list. Needs "
         "top_k > 1 and depth_variants.")
+
+    estimate: Literal["additive", "measured"] = Field(
+        default="additive",
+        description="How candidates are ranked right after pruning, for the short list and "
+        "for repair's choice of hidden size: 'additive', the sum of their single-change "
+        "scores; 'measured', their KL to the teacher on the score batches (one forward "
+        "each). Around a pruned anchor the sum can promise more than the anchor's whole KL.")
 
     @property
     def varies_depth(self) -> bool:
@@ -178,10 +185,12 @@ def emptying_order(space: SearchSpace, scores: Scores, anchor: Choice) -> list[i
 
 
 def repaired_finalists(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
-                       scores: Scores, found: Discretized, depth: bool) -> list[Finalist]:
+                       scores: Scores, found: Discretized, depth: bool,
+                       rank: Callable[[Choice], float] | None = None) -> list[Finalist]:
     """Every hidden size's repair of ``anchor`` (``found``, repair's answer, first) and, with
-    ``depth``, the same with the 1, 2, ... cheapest layers to empty forced empty."""
-    out = [_finalist(space, scores, d, "repair") for d in [found, *found.alternatives]]
+    ``depth``, the same with the 1, 2, ... cheapest layers to empty forced empty. Each is
+    estimated by ``rank`` (a measured KL) when given, else by its total score."""
+    out = [_finalist(space, scores, d, "repair", rank) for d in [found, *found.alternatives]]
     if not depth:
         return out
     order = emptying_order(space, scores, anchor)
@@ -200,17 +209,19 @@ def repaired_finalists(space: SearchSpace, costs, budgets: dict[str, float], anc
             for layer in forced:
                 start = start.replace_block("attention", layer, noop_a)
                 start = start.replace_block("ffn", layer, noop_f)
-            variant = repair(space, costs, budgets, start, forced_scores)
+            variant = repair(space, costs, budgets, start, forced_scores, rank=rank)
             if variant is None:
                 continue
             for d in [variant, *variant.alternatives]:
-                out.append(_finalist(space, scores, d, label))
+                out.append(_finalist(space, scores, d, label, rank))
                 out[-1].extra["emptied"] = forced
     return out
 
 
-def _finalist(space: SearchSpace, scores: Scores, found: Discretized, origin: str) -> Finalist:
-    return Finalist(choice=found.choice, estimate=scores.total(found.choice), origin=origin,
+def _finalist(space: SearchSpace, scores: Scores, found: Discretized, origin: str,
+              rank: Callable[[Choice], float] | None = None) -> Finalist:
+    estimate = rank(found.choice) if rank else scores.total(found.choice)
+    return Finalist(choice=found.choice, estimate=estimate, origin=origin,
                     layers=layers_kept(space, found.choice), found=found)
 
 
