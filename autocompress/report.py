@@ -60,7 +60,8 @@ HELDOUT = "heldout_loss"  # per-item key of the held-out windows (not a multiple
 
 def load_compare(path: str | Path) -> dict[str, Any]:
     """A compare.json; ``FILE:METHOD[,METHOD...]`` keeps only those methods of its cells (to
-    put methods of one cell from two runs side by side: ``merge_compares``)."""
+    put methods of one cell from two runs side by side: ``merge_compares``), and
+    ``METHOD=NAME`` keeps one under another name (a variant's run against the default's)."""
     path, methods = Path(path), None
     if not path.exists() and ":" in path.name:
         name, _, wanted = path.name.rpartition(":")
@@ -82,16 +83,29 @@ def method_names(data: dict[str, Any]) -> set[str]:
 
 
 def only_methods(data: dict[str, Any], methods: list[str], name: str) -> dict[str, Any]:
-    """``data`` with only ``methods`` in each cell; each kept method says which file it is from."""
+    """``data`` with only ``methods`` in each cell, ``METHOD=NAME`` renamed to NAME; each kept
+    method says which file it is from (and its name there)."""
+    renamed = {}
+    for item in methods:
+        method, _, new = item.partition("=")
+        renamed[method] = new.strip() or method
+    if len(set(renamed.values())) < len(renamed):
+        raise AutoCompressError(f"{name}: two methods would share the name in "
+                                f"{', '.join(methods)}", hint="give each METHOD=NAME its own NAME")
     present = method_names(data)
-    missing = [m for m in methods if m not in present]
+    missing = [m for m in renamed if m not in present]
     if missing:
         raise AutoCompressError(f"{name} has no method {', '.join(missing)}",
                                 hint=f"it has {', '.join(sorted(present)) or 'none'}")
-    source = {"file": name, "created": data.get("created")}
-    runs = [{**run, "methods": {m: {**v, "source": source} for m, v in run["methods"].items()
-                                if m in methods}} for run in data.get("runs", [])]
+    runs = [{**run, "methods": {renamed[m]: {**v, "source": _source(data, name, m, renamed[m])}
+                                for m, v in run["methods"].items() if m in renamed}}
+            for run in data.get("runs", [])]
     return {**data, "runs": [r for r in runs if r["methods"]]}
+
+
+def _source(data: dict[str, Any], name: str, method: str, shown_as: str) -> dict[str, Any]:
+    source = {"file": name, "created": data.get("created")}
+    return source if method == shown_as else {**source, "method": method}
 
 
 def cells_with_limits(data: dict[str, Any], name: str) -> dict[tuple[str, float], dict[str, Any]]:
@@ -478,7 +492,9 @@ def _method_sources(data: dict) -> list[str]:
     seen: dict[str, str] = {}
     for run in data.get("runs", []):
         for name, method in run.get("methods", {}).items():
-            files = [f"`{src['file']}` ({src.get('created')})" for src in _sources(method)]
+            files = [f"`{src['file']}` ({src.get('created')})"
+                     + (f" as {method_label(src['method'])}" if src.get("method") else "")
+                     for src in _sources(method)]
             if files:
                 seen.setdefault(name, f"{method_label(name)} from {' and '.join(files)}")
     return list(seen.values())

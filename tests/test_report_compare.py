@@ -445,6 +445,30 @@ def test_one_cells_methods_from_two_files_join_under_the_same_limits(tmp_path):
     assert "AutoCompress from `a.json` (fixture); Minitron from `b.json`" in result.output
 
 
+def test_a_variants_run_pairs_with_the_defaults_under_another_name(tmp_path):
+    """`--json a.json:autocompress --json b.json:autocompress=variant --baseline autocompress`:
+    two runs of one method (an option's variant against the default) in one table, paired
+    per item; a NAME taken twice is refused with one line."""
+    first, second = _synthetic(minitron_wins=False), _synthetic(minitron_wins=False)
+    for run in second["runs"]:
+        for seed in run["methods"]["autocompress"]["seeds"]:
+            seed["per_item"] = _per_item(0.40)  # the variant scores 0.40, the default 0.45
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    variant = report.load_compare(f"{b}:autocompress=variant")
+    assert all(set(r["methods"]) == {"variant"} for r in variant["runs"])
+    assert variant["runs"][0]["methods"]["variant"]["source"]["method"] == "autocompress"
+    merged = report.with_baseline(report.merge_compares(
+        [report.load_compare(f"{a}:autocompress"), variant]), "autocompress")
+    delta = [r for r in report.table_rows(merged) if r["method"] == "variant"][0]["delta"]
+    assert float(delta.split()[0]) == pytest.approx(-5.0)
+    assert any("variant from `b.json`" in line and "as AutoCompress" in line
+               for line in report._method_sources(merged))
+    with pytest.raises(AutoCompressError, match="two methods would share the name"):
+        report.load_compare(f"{b}:autocompress=x,minitron=x")
+
+
 def test_another_method_can_be_the_baseline(tmp_path, capsys, monkeypatch):
     """`bench report --baseline greedy`: every other method, Minitron included, is paired
     with greedy; a method no cell has is refused with one line and exit code 2."""

@@ -76,7 +76,9 @@ def report_command(
                                           "read; repeat it for cells written by several runs "
                                           "(e.g. one preset each). FILE:METHOD[,METHOD] takes "
                                           "only those methods, to pair one run's method with "
-                                          "another run's in the same cell (same limits)."),
+                                          "another run's in the same cell (same limits); "
+                                          "FILE:METHOD=NAME shows it as NAME (a variant's "
+                                          "run beside the default's: --baseline autocompress)."),
     out_dir: Path = typer.Option(None, "--out", help="Folder for report.md + PNGs "
                                  "(default: beside the JSON)."),
     also: list[Path] = typer.Option([], "--also", help="Another compare.json (e.g. a reduced "
