@@ -409,18 +409,24 @@ def test_a_later_seed_from_another_file_joins_its_method(tmp_path):
         report.merge_compares([report.load_compare(b), report.load_compare(f"{b}:autocompress")])
 
 
+def _two_files(tmp_path, first: dict, second: dict, method: str, score: float):
+    """a.json and b.json, ``method``'s every item in the second scoring ``score``."""
+    for run in second["runs"]:
+        for seed in run["methods"][method]["seeds"]:
+            seed["per_item"] = _per_item(score)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    return a, b
+
+
 def test_one_cells_methods_from_two_files_join_under_the_same_limits(tmp_path):
     """`--json a.json:autocompress --json b.json`: AutoCompress of one run against the
     baseline of another (e.g. a re-run baseline), paired per item; a method in both files, or
     the same cell under different limits, is refused with one line."""
     first = _synthetic(minitron_wins=False)
     second = _synthetic(minitron_wins=True)  # its baseline scores 0.40, its search 0.30
-    for run in second["runs"]:
-        for seed in run["methods"]["minitron"]["seeds"]:
-            seed["per_item"] = _per_item(0.35)
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(json.dumps(first))
-    b.write_text(json.dumps(second))
+    a, b = _two_files(tmp_path, first, second, "minitron", 0.35)
     picked = report.load_compare(f"{a}:autocompress")
     assert all(set(r["methods"]) == {"autocompress"} for r in picked["runs"])
     assert picked["runs"][0]["methods"]["autocompress"]["source"]["file"] == "a.json"
@@ -450,12 +456,8 @@ def test_a_variants_run_pairs_with_the_defaults_under_another_name(tmp_path):
     two runs of one method (an option's variant against the default) in one table, paired
     per item; a NAME taken twice is refused with one line."""
     first, second = _synthetic(minitron_wins=False), _synthetic(minitron_wins=False)
-    for run in second["runs"]:
-        for seed in run["methods"]["autocompress"]["seeds"]:
-            seed["per_item"] = _per_item(0.40)  # the variant scores 0.40, the default 0.45
-    a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(json.dumps(first))
-    b.write_text(json.dumps(second))
+    # the variant scores 0.40, the default 0.45
+    a, b = _two_files(tmp_path, first, second, "autocompress", 0.40)
     variant = report.load_compare(f"{b}:autocompress=variant")
     assert all(set(r["methods"]) == {"variant"} for r in variant["runs"])
     assert variant["runs"][0]["methods"]["variant"]["source"]["method"] == "autocompress"

@@ -327,6 +327,26 @@ def test_the_mode_constraint_holds_the_likeliest_architecture_with_the_expected_
     assert record["lambda"]["tpot_ms"] == pytest.approx(0, abs=1e-6)  # no push cheaper
 
 
+@pytest.mark.parametrize("from_start", [True, False])
+def test_a_search_without_the_hidden_size_moves_only_the_blocks(ctx, from_start):
+    """``search_hidden=False``: every step keeps the start's hidden size (the teacher's from
+    uniform logits), certainly; the blocks still move."""
+    s = ctx.space
+    start = Choice(2, (0,) * s.num_layers, (1,) * s.num_layers) if from_start else None
+    budgets = {"tpot_ms": 0.4 * ctx.teacher_costs()["tpot_ms"]}
+    config = DNASConfig(steps=6, batch_size=2, seq_len=16, teacher_cache=0, search_hidden=False)
+    dnas = DNAS(ctx.masked, ctx.costs, budgets, config, start=start)
+    before = [a.detach().clone() for a in dnas.alpha]
+    result = dnas.run(lambda step: torch.randint(
+        0, 100, (2, 16), generator=torch.Generator().manual_seed(step)))
+    kept = start.hidden if from_start else 0
+    for record in result.trajectory:
+        assert record["p_hidden"][kept] == 1.0
+    assert torch.equal(result.alpha_hidden, before[0])
+    assert not torch.equal(result.alpha_ffn, before[2])  # the budget pushes the blocks
+    assert result.argmax_choice(s).hidden == kept
+
+
 def test_the_search_can_answer_with_its_best_scored_iterate(ctx, tmp_path):
     """keep_best_every: the start (at the budget) is scored at step 0, so the answer is never
     worse on the scoring batches than where the search started, and a resumed run keeps it."""

@@ -115,6 +115,14 @@ class DNASConfig(BaseModel):
         "candidate was 0.15-0.97 nats of short-distillation KL behind the teacher side's). "
         "Measured on the bundled teacher only: a tie with 0 at interactive-cpu @ 40%.",
     )
+    search_hidden: bool = Field(
+        default=True,
+        description="Search the hidden size too. False: every sample keeps the start's hidden "
+        "size (greedy's answer, or the teacher's from 'uniform') and the search moves only "
+        "the blocks; repair still tries every hidden size from its answer. Why: the hidden "
+        "size is one choice that prices every block at once; on SmolLM2 @ 50% its most "
+        "likely value flipped at step 33 and took the most likely architecture from 1.08 to "
+        "0.73 of the budget in one step.")
     hidden_weight: float = Field(
         default=0.0, ge=0, description="Weight of the hidden-state term (1 - cos)."
     )
@@ -296,8 +304,12 @@ class DNAS:
         self.start = start
         a_h, a_a, a_f = (_logits_at(self.space, start, self.config.start_bias) if start
                          else _initial_logits(self.space, self.config.init_bias))
+        if not self.config.search_hidden:  # one hidden size, certain: only the blocks move
+            a_h = torch.full_like(a_h, NEG).index_fill_(0, torch.tensor(
+                start.hidden if start else 0), 0.0)
         self.alpha = [a.clone().requires_grad_(True) for a in (a_h, a_a, a_f)]
-        self.optimizer = torch.optim.Adam(self.alpha, lr=self.config.lr)
+        searched = self.alpha if self.config.search_hidden else self.alpha[1:]
+        self.optimizer = torch.optim.Adam(searched, lr=self.config.lr)
         self.state = DNASState(lambdas={m: 0.0 for m in budgets})
 
     # ------------------------------------------------------------ schedule
