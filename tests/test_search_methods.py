@@ -372,6 +372,20 @@ def test_measured_estimates_rank_repairs_by_their_kl_not_by_summed_scores(ctx):
         assert row["estimate"] == pytest.approx(row["pruned_kl"], rel=1e-4)
 
 
+def test_without_the_hidden_size_in_dnas_its_side_keeps_dnas_hidden_size(ctx):
+    """``dnas.search_hidden=False``: DNAS's side of the short list stays at DNAS's hidden size
+    (greedy's), and the teacher side may still choose another."""
+    from autocompress.search.run import run_search
+
+    config = CONFIG.model_copy(update={"dnas": CONFIG.dnas.model_copy(
+        update={"search_hidden": False})})
+    limits = Limits(max_tpot_ms=0.5 * ctx.teacher_costs()["tpot_ms"])
+    report = run_search(ctx, limits, config, progress=False).report(ctx)
+    hidden = ctx.space.hidden_options[report["dnas_answer"]["hidden"]]
+    own = [r for r in report["selection"] if not r["origin"].startswith("teacher: ")]
+    assert own and {r["hidden_size"] for r in own} == {hidden}
+
+
 def test_two_sides_probe_then_the_lower_kl_side_takes_the_rest_of_the_short_list():
     """DNAS's side and the teacher's each get their best candidates distilled; the rest of
     the list goes to the side that scored lower, whichever it is, and a side that runs out

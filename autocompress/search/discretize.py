@@ -27,7 +27,7 @@ included), and the result is checked once more with ``CostModel.predict``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -177,6 +177,7 @@ class Scores:
     attention: np.ndarray  # [L, Ka]
     ffn: np.ndarray  # [L, Kf]
     source: str = ""
+    anchor_kl: float | None = None  # measured scores: the KL of the choice they were taken at
 
     def total(self, choice: Choice) -> float:
         layers = np.arange(len(choice.attention))
@@ -299,9 +300,7 @@ def measured_scores(masked, anchor: Choice, batches: list[torch.Tensor],
         attention[layer, anchor.attention[layer]] = 0.0
         ffn[layer, anchor.ffn[layer]] = 0.0
     attention, ffn = _forbid(space, attention, ffn)
-    scores = Scores(hidden, attention, ffn, source="measured")
-    scores.anchor_kl = base  # type: ignore[attr-defined]
-    return scores
+    return Scores(hidden, attention, ffn, source="measured", anchor_kl=base)
 
 
 def within_radius(space: SearchSpace, scores: Scores, anchor: Choice,
@@ -318,10 +317,7 @@ def within_radius(space: SearchSpace, scores: Scores, anchor: Choice,
             for k in range(table.shape[1]):
                 if k not in keep:
                     table[layer, k] = np.inf
-    out = Scores(scores.hidden, tables["attention"], tables["ffn"], source=scores.source)
-    if hasattr(scores, "anchor_kl"):
-        out.anchor_kl = scores.anchor_kl  # type: ignore[attr-defined]
-    return out
+    return replace(scores, attention=tables["attention"], ffn=tables["ffn"])
 
 
 def measured_job_list(space: SearchSpace, anchor: Choice,

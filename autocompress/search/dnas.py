@@ -119,7 +119,8 @@ class DNASConfig(BaseModel):
         default=True,
         description="Search the hidden size too. False: every sample keeps the start's hidden "
         "size (greedy's answer, or the teacher's from 'uniform') and the search moves only "
-        "the blocks; repair still tries every hidden size from its answer. Why: the hidden "
+        "the blocks; repair from its answer keeps that size too (its scores were measured "
+        "there), so the hidden size is the teacher side's choice. Why: the hidden "
         "size is one choice that prices every block at once; on SmolLM2 @ 50% its most "
         "likely value flipped at step 33 and took the most likely architecture from 1.08 to "
         "0.73 of the budget in one step.")

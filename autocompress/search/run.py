@@ -23,10 +23,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -449,6 +450,16 @@ def scores_at(ctx: SearchContext, config: SearchConfig, anchor: Choice, radius: 
     return scores
 
 
+def at_hidden(scores: Scores, hidden: int) -> Scores:
+    """``scores`` that allow only one hidden size: repair from DNAS's answer when the search
+    did not move the hidden size (``DNASConfig.search_hidden``). Its block scores were
+    measured at that size; summed at another, they promised more than the anchor's whole
+    KL (SmolLM2: -8.9 nats for a candidate whose KL was 6.9)."""
+    only = np.full_like(scores.hidden, np.inf)
+    only[hidden] = scores.hidden[hidden]
+    return replace(scores, hidden=only)
+
+
 def measured_rank(ctx: SearchContext, config: SearchConfig) -> MeasuredKL | None:
     """The KL that ranks repaired candidates when ``selection.estimate`` is 'measured'
     (on the measured scores' batches), else None: their additive scores rank them."""
@@ -492,6 +503,8 @@ class Repairs:
             self.evaluations["measured_scores"] = len(jobs) + 1  # + the anchor itself
             self.scores = scores_at(ctx, config, self.anchor, measured_radius, "scores",
                                     progress)
+            if not config.dnas.search_hidden:
+                self.scores = at_hidden(self.scores, self.anchor.hidden)
             self.near = within_radius(space, self.scores, self.anchor, radius)
         self.rank = measured_rank(ctx, config)
         self.fallback = probability_scores(space, result.probabilities(space))

@@ -61,7 +61,11 @@ class SelectionConfig(BaseModel):
         description="How candidates are ranked right after pruning, for the short list and "
         "for repair's choice of hidden size: 'additive', the sum of their single-change "
         "scores; 'measured', their KL to the teacher on the score batches (one forward "
-        "each). Around a pruned anchor the sum can promise more than the anchor's whole KL.")
+        "each). Around a pruned anchor the sum can promise more than the anchor's whole KL; "
+        "but measured on the one batch the scores came from, the KL favoured smaller hidden "
+        "sizes that recover worse (SmolLM2 @ 50%, seed 0: every teacher-side candidate at "
+        "hidden 512 or less, short-distillation KL 1.87-2.74 against 1.59-1.74 at 576 with "
+        "'additive').")
 
     @property
     def varies_depth(self) -> bool:
