@@ -216,8 +216,8 @@ def choice_kl(masked, choice: Choice, batches: list[torch.Tensor],
 
 
 class MeasuredKL:
-    """``choice_kl`` on fixed batches, each choice measured once: the ranking of repaired
-    candidates where additive scores cannot be trusted far from their anchor."""
+    """``choice_kl`` on fixed batches, each choice measured once: how the random ablation
+    ranks its draws, and repaired candidates with ``SelectionConfig.estimate='measured'``."""
 
     def __init__(self, masked, batches: list[torch.Tensor]):
         self.masked, self.batches = masked, batches
@@ -508,10 +508,10 @@ def repair(space: SearchSpace, costs, budgets: dict[str, float], anchor: Choice,
            scores: Scores, exact_memory: bool = False,
            rank: Callable[[Choice], float] | None = None) -> Discretized | None:
     """The best feasible choice found from ``anchor`` over every hidden size (None: none):
-    the lowest total score, or the lowest ``rank`` (a measured KL) when given. Each hidden
-    size's block scores were measured at the anchor's hidden size, and away from a pruned
-    anchor their sum can promise more than the anchor's whole KL (SmolLM2: an estimate of
-    -8.9 nats for a candidate whose KL was 6.9, the anchor's 4.7).
+    the lowest total score, or the lowest ``rank`` when given (a measured KL:
+    ``SelectionConfig.estimate``). Every hidden size is repaired with block scores measured
+    at the anchor's, so away from a pruned anchor the total can promise more than the
+    anchor's whole KL (SmolLM2: -8.9 nats for a candidate whose KL was 6.9, the anchor's 4.7).
 
     Memory is evaluated by a fast one-hot mirror of the cost model's activation peak;
     if it ever disagrees with ``AdditiveCosts.discrete``, repair reruns with every
