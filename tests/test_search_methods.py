@@ -656,7 +656,7 @@ def test_random_search_matches_teacher_scores_only_where_the_search_measures_the
     assert searched_count(space, measured) == plain + at_teacher
 
 
-def test_random_search_scores_as_many_candidates_as_the_search(ctx):
+def test_random_search_scores_as_many_candidates_as_the_search(ctx, capsys, monkeypatch):
     limits = Limits(max_tpot_ms=0.5 * ctx.teacher_costs()["tpot_ms"])
     searched = run_method(ctx, "autocompress", limits, CONFIG).report(ctx)
     count = searched["scored_candidates"]
@@ -667,7 +667,11 @@ def test_random_search_scores_as_many_candidates_as_the_search(ctx):
     assert searched_count(ctx.space, CONFIG) >= count  # random's default draws as many
 
     config = CONFIG.model_copy(update={"random": RandomConfig(candidates=count)})
-    report = run_method(ctx, "random", limits, config).report(ctx)
+    monkeypatch.delenv("AUTOCOMPRESS_QUIET", raising=False)
+    capsys.readouterr()
+    report = run_method(ctx, "random", limits, config, progress=True).report(ctx)
+    assert f"[random candidates] {count}/{count}" in capsys.readouterr().out  # long: a bar
+    monkeypatch.setenv("AUTOCOMPRESS_QUIET", "1")
     assert report["kind"] == "random" and report["meets_limits"]
     assert report["scored_candidates"] == count
     assert report["kl"] == report["kl_of_candidates"]["min"]  # the best one, as predicted

@@ -41,6 +41,7 @@ import torch
 from autocompress.arch import ArchSpec
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
+from autocompress.progress import Bar
 from autocompress.search.discretize import (
     CostTables,
     MeasuredKL,
@@ -180,15 +181,16 @@ def _outcome(ctx: SearchContext, method: str, limits: Limits, budgets: dict[str,
                            measured_rounds=rounds)
 
 
-def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> AblationOutcome:
+def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig,
+               progress: bool = False) -> AblationOutcome:
     """Repair from the teacher with every option scored there; the search's measured loop."""
     started = time.perf_counter()
     budgets = check_reachable(ctx, limits)
     space, anchor = ctx.space, ctx.space.full_choice()
-    scores = teacher_scores(ctx, config)
+    scores = teacher_scores(ctx, config, progress)
     rank = measured_rank(ctx, config)
     inner = dict(budgets)
-    final = FinalPick(ctx, config, budgets=budgets)
+    final = FinalPick(ctx, config, progress, budgets=budgets)
 
     def answer(bounds):  # repair from the teacher, untrained
         found = repair(space, ctx.costs, bounds, anchor, scores, rank=rank)
@@ -209,7 +211,8 @@ def run_greedy(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
 
 
 @torch.no_grad()
-def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> AblationOutcome:
+def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig,
+               progress: bool = False) -> AblationOutcome:
     """The best of ``config.random.candidates`` random architectures; the measured loop."""
     started = time.perf_counter()
     budgets = check_reachable(ctx, limits)
@@ -219,8 +222,13 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig) -> Abla
     count = config.random.candidates or searched_count(space, config)
     pool, drawn = sample_choices(space, tables, budgets, count, config.dnas.seed, config.random)
     kl = MeasuredKL(ctx.masked, ctx.score_batches(config))
-    ranked = sorted(kl(choice) for choice in pool)
-    final = FinalPick(ctx, config, budgets=budgets)
+    bar = Bar("random candidates", len(pool), progress)
+    for i, choice in enumerate(pool):
+        kl(choice)
+        bar.update(i + 1, "")
+    bar.close()
+    ranked = sorted(kl.memo.values())
+    final = FinalPick(ctx, config, progress, budgets=budgets)
 
     def within(bounds):  # the pool's candidates within the bounds, best KL first
         found = sorted((c for c in pool if feasible(tables.evaluate(c), bounds)),

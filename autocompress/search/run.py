@@ -934,9 +934,9 @@ def run_method(ctx: SearchContext, method: str, limits: Limits,
     if method in ("greedy", "random"):
         _need_costs(ctx)
     if method == "greedy":
-        return run_greedy(ctx, limits, config)
+        return run_greedy(ctx, limits, config, progress)
     if method == "random":
-        return run_random(ctx, limits, config)
+        return run_random(ctx, limits, config, progress)
     raise AutoCompressError(f"unknown method {method!r}", hint=f"use one of {', '.join(METHODS)}")
 
 
