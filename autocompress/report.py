@@ -89,6 +89,9 @@ def only_methods(data: dict[str, Any], methods: list[str], name: str) -> dict[st
     for item in methods:
         method, _, new = item.partition("=")
         renamed[method] = new.strip() or method
+    if len(renamed) < len(methods):
+        raise AutoCompressError(f"{name}: a method is named more than once in "
+                                f"{', '.join(methods)}", hint="name each method once")
     if len(set(renamed.values())) < len(renamed):
         raise AutoCompressError(f"{name}: two methods would share the name in "
                                 f"{', '.join(methods)}", hint="give each METHOD=NAME its own NAME")

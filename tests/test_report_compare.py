@@ -469,6 +469,8 @@ def test_a_variants_run_pairs_with_the_defaults_under_another_name(tmp_path):
                for line in report._method_sources(merged))
     with pytest.raises(AutoCompressError, match="two methods would share the name"):
         report.load_compare(f"{b}:autocompress=x,minitron=x")
+    with pytest.raises(AutoCompressError, match="named more than once"):
+        report.load_compare(f"{b}:autocompress=x,autocompress=y")
 
 
 def test_another_method_can_be_the_baseline(tmp_path, capsys, monkeypatch):
