@@ -177,7 +177,6 @@ class Scores:
     attention: np.ndarray  # [L, Ka]
     ffn: np.ndarray  # [L, Kf]
     source: str = ""
-    anchor_kl: float | None = None  # measured scores: the KL of the choice they were taken at
 
     def total(self, choice: Choice) -> float:
         layers = np.arange(len(choice.attention))
@@ -300,7 +299,7 @@ def measured_scores(masked, anchor: Choice, batches: list[torch.Tensor],
         attention[layer, anchor.attention[layer]] = 0.0
         ffn[layer, anchor.ffn[layer]] = 0.0
     attention, ffn = _forbid(space, attention, ffn)
-    return Scores(hidden, attention, ffn, source="measured", anchor_kl=base)
+    return Scores(hidden, attention, ffn, source="measured")
 
 
 def within_radius(space: SearchSpace, scores: Scores, anchor: Choice,
