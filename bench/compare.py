@@ -250,8 +250,9 @@ def selection_record(report: dict) -> list[dict]:
                  "chosen": (c["params"], c["score"]) == (chosen.get("params"),
                                                          chosen.get("score"))}
                 for c in report.get("scored", []) if c.get("score") is not None]
-    return [{k: f.get(k) for k in ("origin", "layers", "blocks", "hidden_size", "params",
-                                   "estimate", "pruned_kl", "kl", "chosen")}
+    return [{k: f.get(k) for k in ("origin", "layers", "blocks", "attention_blocks",
+                                   "hidden_size", "params", "estimate", "pruned_kl", "kl",
+                                   "chosen")}
             for f in report.get("selection", [])]
 
 

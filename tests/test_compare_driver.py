@@ -170,9 +170,9 @@ def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_
     assert len(entry["per_item"]["t"]) == 100 and entry["scored_candidates"] == 7
     assert entry["measured_rounds"][0]["measured"]["tpot_ms"] == 3.1  # the search's timings
     ours = run["methods"]["autocompress"]["seeds"][0]["selection"]
-    assert ours == [{"origin": "repair", "layers": 3, "blocks": None, "hidden_size": None,
-                     "params": 1000, "estimate": None, "pruned_kl": 0.9, "kl": 0.5,
-                     "chosen": True}]
+    assert ours == [{"origin": "repair", "layers": 3, "blocks": None, "attention_blocks": None,
+                     "hidden_size": None, "params": 1000, "estimate": None, "pruned_kl": 0.9,
+                     "kl": 0.5, "chosen": True}]
     v = report.verdicts(data)[0]
     assert v["method"] == "autocompress" and v["mc_delta"] == pytest.approx(0.1)
     assert v["paired"]["mc"]["overall"]["low"] > 0  # nested wins: every item diff >= 0

@@ -288,6 +288,8 @@ def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(c
     for f, choice in zip(short, choices, strict=True):
         assert tables.evaluate(choice)["tpot_ms"] <= budgets["tpot_ms"]
         assert f["kl"] == f["pruned_kl"] > 0  # no training in this config: KL after pruning
+        kept = [ctx.space.attention_options[a] is not None for a in choice.attention]
+        assert f["attention_blocks"] == sum(kept) <= f["blocks"]
     chosen = [f for f in short if f["chosen"]]
     assert len(chosen) == 1 and chosen[0]["kl"] == min(f["kl"] for f in short)
     assert ctx.space.spec_of(choices[short.index(chosen[0])]) == outcome.spec

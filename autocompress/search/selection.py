@@ -155,7 +155,9 @@ class Finalist:
     def describe(self, space: SearchSpace) -> dict[str, Any]:
         spec = space.spec_of(self.choice)
         return {"origin": self.origin, "layers": self.layers,
-                "blocks": _blocks(space, self.choice), "hidden_size": spec.hidden_size,
+                "blocks": _blocks(space, self.choice),
+                "attention_blocks": sum(layer.attention is not None for layer in spec.layers),
+                "hidden_size": spec.hidden_size,
                 "params": spec.num_params(), "estimate": self.estimate,
                 "pruned_kl": self.pruned_kl, "kl": self.kl, "choice": self.choice.to_dict(),
                 **self.extra}

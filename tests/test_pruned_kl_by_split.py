@@ -1,0 +1,94 @@
+"""bench/pruned_kl_by_split.py: a short list's KL right after pruning, on each corpus split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autocompress.modeling.tiny import tiny_model
+from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
+from autocompress.search.minitron import MinitronConfig
+from autocompress.search.selection import short_distill_scores
+
+SPACE = SpaceConfig(granularity=16, ffn_fractions=[1.0, 0.5], head_fractions=[1.0, 0.5])
+
+
+@pytest.fixture(scope="module")
+def pk():
+    from autocompress.commands.bench import _bench_module
+
+    return _bench_module("pruned_kl_by_split")
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_corpus, tiny_tokenizer, tmp_path_factory):
+    """A saved tiny teacher, its importance, and a search report with two candidates."""
+    root = tmp_path_factory.mktemp("pk")
+    model = tiny_model("llama", vocab_size=len(tiny_tokenizer), hidden_size=64, num_layers=4,
+                       num_heads=4, gqa_ratio=2, intermediate_size=64, head_dim=16, seed=3)
+    model.save_pretrained(root / "teacher")
+    tiny_tokenizer.save_pretrained(root / "teacher")
+    config = SearchConfig(space=SPACE, dnas=DNASConfig(batch_size=4, seq_len=32),
+                          minitron=MinitronConfig(distill_tokens=0, score_batches=2))
+    config = config.model_copy(update={"calibration": config.calibration.model_copy(
+        update={"seq_len": 32, "batch_size": 2, "num_batches": 2})})
+    ctx = SearchContext.build((model, tiny_tokenizer), None, None, config,
+                              corpus_dir=tiny_corpus, progress=False)
+    ctx.importance.save(root / "importance.safetensors")
+    full = ctx.space.full_choice()
+    pruned = full.replace_block("ffn", 1, 1).replace_block("attention", 2, 1)
+    specs = [ctx.space.spec_of(c) for c in (full, pruned)]
+    # What the short list records: KL right after pruning on the search's score batches.
+    scored = short_distill_scores(ctx.model, ctx.importance, specs, None,
+                                  ctx.score_batches(config, 2), 0, 32, 4, 1e-3, 0)
+    rows = [{"origin": origin, "params": 1, "pruned_kl": s["pruned_kl"], "kl": s["kl"],
+             "choice": c.to_dict()}
+            for origin, c, s in zip(("teacher: repair", "repair"), (full, pruned), scored,
+                                    strict=True)]
+    report = root / "arch.search.json"
+    report.write_text(json.dumps({"space": {"config": SPACE.model_dump()}, "selection": rows}))
+    args = ["--report", str(report), "--teacher", str(root / "teacher"),
+            "--importance", str(root / "importance.safetensors"), "--corpus", str(tiny_corpus),
+            "--windows", "8", "--seq-len", "32"]
+    return root, args, rows
+
+
+def test_the_calibration_column_reproduces_the_short_lists_pruned_kl(pk, setup):
+    root, args, rows = setup
+    out = root / "out.json"
+    assert pk.main([*args, "--out", str(out)]) == 0
+    measured = json.loads(out.read_text())["rows"]
+    assert [r["origin"] for r in measured] == ["teacher: repair", "repair"]
+    teacher, pruned = (r["pruned_kl"] for r in measured)
+    assert all(abs(v) < 1e-4 for v in teacher.values())  # the teacher itself: no loss
+    assert pruned["calibration"] == pytest.approx(rows[1]["pruned_kl"], abs=1e-4)
+    assert pruned["heldout"] > 0.0 and pruned["train"] > 0.0
+    assert pruned["heldout"] != pruned["calibration"]  # other text, another value
+
+
+def test_a_finished_row_is_not_measured_again(pk, setup, monkeypatch):
+    root, args, _ = setup
+    out = root / "resume.json"
+    assert pk.main([*args, "--out", str(out)]) == 0
+    before = json.loads(out.read_text())
+
+    def no_prune(*_a, **_k):
+        raise AssertionError("a finished row was pruned again")
+
+    monkeypatch.setattr("autocompress.prune.prune", no_prune)
+    assert pk.main([*args, "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == before
+    # Another window count is another measurement: it starts over (and prunes).
+    with pytest.raises(AssertionError, match="pruned again"):
+        pk.main([*args[:-4], "--windows", "4", "--seq-len", "32", "--out", str(out)])
+
+
+def test_a_report_without_choices_is_refused(pk, setup, tmp_path, capsys):
+    root, args, _ = setup
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"selection": [{"origin": "repair", "pruned_kl": 1.0}]}))
+    with pytest.raises(SystemExit) as exit_info:
+        pk.main(["--report", str(bare), *args[2:], "--out", str(tmp_path / "o.json")])
+    assert exit_info.value.code == 2 and "no short list with choices" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
