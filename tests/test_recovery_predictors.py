@@ -42,8 +42,10 @@ def test_fit_recovers_the_exchange_rate_and_the_fitted_predictor_ranks_exactly(r
     a, b = rp.fit(entries)
     assert a == pytest.approx(0.3, abs=1e-9) and b == pytest.approx(-0.5, abs=1e-9)
     for search in rp.leave_one_out(entries):
-        assert search["fitted"]["hit"] and search["fitted"]["regret"] == pytest.approx(0.0)
-        assert search["fitted"]["spearman"] == pytest.approx(1.0)
+        assert search["fitted_params"]["hit"]
+        assert search["fitted_params"]["regret"] == pytest.approx(0.0)
+        assert search["fitted_params"]["spearman"] == pytest.approx(1.0)
+        assert "fitted_attention" not in search  # these rows do not record attention blocks
 
 
 def test_a_predictor_that_misranks_shows_regret(rp, tmp_path):
@@ -51,12 +53,12 @@ def test_a_predictor_that_misranks_shows_regret(rp, tmp_path):
     rows = [{"pruned_kl": float(i), "params": 1000 * (i + 1), "blocks": 3, "kl": 10.0 - i}
             for i in range(5)]
     entry = rp.short_lists([_comparison(tmp_path / "c.json", [rows])])[0]
-    search = rp.per_search(entry, None)
+    search = rp.per_search(entry, {})
     assert search["pruned_kl"]["spearman"] == pytest.approx(-1.0)
     assert not search["pruned_kl"]["hit"] and search["pruned_kl"]["regret"] == pytest.approx(4.0)
     assert search["params"]["hit"] and search["params"]["spearman"] == pytest.approx(1.0)
     assert np.isnan(search["blocks"]["spearman"])  # all tied: no ranking
-    assert "fitted" not in search
+    assert "fitted_params" not in search and "attention_blocks" not in search
 
 
 def test_short_lists_skip_undistilled_rows_and_count_a_copied_list_once(rp, tmp_path):
@@ -83,8 +85,10 @@ def test_main_writes_the_json_and_refuses_files_without_short_lists(rp, tmp_path
     out = tmp_path / "out.json"
     assert rp.main(["--json", str(path), "--out", str(out)]) == 0
     written = json.loads(out.read_text())
-    assert written["groups"]["bundled 7M"]["searches"] == 3
-    assert written["groups"]["bundled 7M"]["fitted"]["hits"] == 3
+    group = written["groups"]["bundled 7M"]
+    assert group["searches"] == 3 and group["predictors"]["fitted_params"]["hits"] == 3
+    assert group["fits"]["fitted_params"]["coefficients"]["pruned_kl"] == pytest.approx(0.3)
+    assert group["fits"]["fitted_attention"] is None
     empty = _comparison(tmp_path / "empty.json", [])
     with pytest.raises(SystemExit) as exit_info:
         rp.main(["--json", str(empty), "--out", str(tmp_path / "no.json")])
@@ -105,6 +109,35 @@ def test_side_gap_measures_how_much_worse_the_search_side_ends(rp, tmp_path):
     entries = rp.short_lists([_comparison(tmp_path / "c.json", searches + [one_sided])])
     gap = rp.side_gap(entries)
     assert gap["searches"] == 3
-    assert gap["c_search_side"] == pytest.approx(0.4, abs=1e-6)
-    assert gap["a_pruned_kl"] == pytest.approx(0.3, abs=1e-6)
+    assert gap["coefficients"]["search_side"] == pytest.approx(0.4, abs=1e-6)
+    assert gap["coefficients"]["pruned_kl"] == pytest.approx(0.3, abs=1e-6)
     assert rp.side_gap(entries[-1:]) is None
+
+
+def test_a_search_report_gives_attention_blocks_and_replaces_its_poorer_copy(rp, tmp_path):
+    """A search report's choices say which attention blocks are kept; the same short list in
+    a comparison JSON (without them) counts once, with them."""
+    rng = np.random.default_rng(4)
+    space = {"attention": ["4q/2kv", "2q/1kv", "no-op"]}
+    searches, reports = [], []
+    for n, offset in enumerate((0.0, 1.0, 2.0)):
+        rows = []
+        for i in range(5):  # KL after training falls by 0.2 per attention block removed
+            attention = [0, 2 if i >= 1 else 1, 2 if i >= 3 else 0, 1]
+            removed = attention.count(2)
+            pruned = float(rng.uniform(2, 6))
+            rows.append({"origin": "repair", "params": 1000 + i, "blocks": 8 - removed,
+                         "pruned_kl": pruned, "kl": 0.3 * pruned - 0.2 * removed + offset,
+                         "choice": {"hidden": 0, "attention": attention, "ffn": [0] * 4}})
+        searches.append([{k: v for k, v in r.items() if k != "choice"} for r in rows])
+        report = tmp_path / f"r{n}.search.json"
+        report.write_text(json.dumps({"kind": "search", "teacher_params": 7_082_240,
+                                      "space": space, "selection": rows}))
+        reports.append(report)
+    entries = rp.short_lists([_comparison(tmp_path / "c.json", searches), *reports])
+    assert len(entries) == 3 and {e["file"] for e in entries} == {"c.json"}
+    assert [r["attention_blocks"] for r in entries[0]["rows"]] == [4, 3, 3, 2, 2]
+    coef = rp.fit(entries, ("pruned_kl", "attention_blocks"))
+    assert coef == pytest.approx([0.3, 0.2], abs=1e-9)
+    for search in rp.leave_one_out(entries):
+        assert search["fitted_attention"]["regret"] == pytest.approx(0.0)
