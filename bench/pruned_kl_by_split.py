@@ -50,16 +50,14 @@ def split_batches(tokenizer, corpus: Path, seq_len: int, windows: int, seed: int
     return out
 
 
-def measure(args: argparse.Namespace, report: dict[str, Any], done: list[dict[str, Any]]
-            ) -> list[dict[str, Any]]:
+def load_short_list(args: argparse.Namespace, report: dict[str, Any]):
+    """The teacher (eval mode), its tokenizer and importance, and each short-listed
+    candidate's report row with its ArchSpec (shared with ``block_local_probe.py``)."""
     import torch
 
     from autocompress.importance import Importance
     from autocompress.modeling import arch_spec_of, load_causal_lm
-    from autocompress.prune import prune
-    from autocompress.search.discretize import teacher_logits
     from autocompress.search.options import SpaceConfig
-    from autocompress.search.selection import kl_to_teacher
     from autocompress.search.space import Choice, SearchSpace
 
     torch.set_num_threads(args.threads)
@@ -68,15 +66,28 @@ def measure(args: argparse.Namespace, report: dict[str, Any], done: list[dict[st
     importance = Importance.load(args.importance)
     space = SearchSpace.build(arch_spec_of(model), importance,
                               SpaceConfig(**report["space"]["config"]))
+    candidates = []
+    for row in report["selection"]:
+        c = row["choice"]
+        choice = Choice(int(c["hidden"]), tuple(c["attention"]), tuple(c["ffn"]))
+        candidates.append((row, choice, space.spec_of(choice)))
+    return model, tokenizer, importance, space, candidates
+
+
+def measure(args: argparse.Namespace, report: dict[str, Any], done: list[dict[str, Any]]
+            ) -> list[dict[str, Any]]:
+    import torch
+
+    from autocompress.prune import prune
+    from autocompress.search.discretize import teacher_logits
+    from autocompress.search.selection import kl_to_teacher
+
+    model, tokenizer, importance, _, candidates = load_short_list(args, report)
     batches = split_batches(tokenizer, args.corpus, args.seq_len, args.windows, args.seed)
     with torch.no_grad():
         reference = {split: teacher_logits(model, b) for split, b in batches.items()}
     rows = list(done)
-    for index, row in enumerate(report["selection"]):
-        if index < len(rows):
-            continue
-        c = row["choice"]
-        spec = space.spec_of(Choice(int(c["hidden"]), tuple(c["attention"]), tuple(c["ffn"])))
+    for row, _, spec in candidates[len(rows):]:
         started = time.perf_counter()
         with torch.no_grad():
             student = prune(model, importance, spec)

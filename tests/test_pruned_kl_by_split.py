@@ -1,4 +1,5 @@
-"""bench/pruned_kl_by_split.py: a short list's KL right after pruning, on each corpus split."""
+"""bench/pruned_kl_by_split.py and bench/block_local_probe.py: a recorded short list's KL right
+after pruning on each corpus split, and after block-local distillation."""
 
 from __future__ import annotations
 
@@ -92,3 +93,29 @@ def test_a_report_without_choices_is_refused(pk, setup, tmp_path, capsys):
         pk.main(["--report", str(bare), *args[2:], "--out", str(tmp_path / "o.json")])
     assert exit_info.value.code == 2 and "no short list with choices" in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()
+
+
+@pytest.fixture(scope="module")
+def blp():
+    from autocompress.commands.bench import _bench_module
+
+    return _bench_module("block_local_probe")
+
+
+def test_block_local_training_lowers_the_kl_of_partial_blocks_only(blp, setup):
+    root, args, rows = setup
+    common = [*args, "--train-batches", "2", "--threads", "1"]
+    untrained, trained = root / "bld0.json", root / "bld.json"
+    assert blp.main([*common, "--steps", "0", "--out", str(untrained)]) == 0
+    assert blp.main([*common, "--steps", "20", "--lr", "1e-3", "--out", str(trained)]) == 0
+    before, after = (json.loads(p.read_text())["rows"] for p in (untrained, trained))
+    # The teacher itself has no partial block; the candidate one narrower FFN and attention.
+    assert [r["partial_blocks"] for r in after] == [0, 2]
+    assert after[0]["block_local_kl"] == pytest.approx(0.0, abs=1e-4)
+    for row, report_row in zip(before, rows, strict=True):  # no step: the pruned KL itself
+        assert row["block_local_kl"] == row["pruned_kl"]
+        assert row["pruned_kl"] == pytest.approx(report_row["pruned_kl"], abs=1e-4)
+    # Trained toward the teacher's block outputs, and the KL measured with the trained weights.
+    assert after[1]["block_mse_after"] < after[1]["block_mse_before"]
+    assert before[1]["block_mse_after"] == before[1]["block_mse_before"]
+    assert after[1]["block_local_kl"] != after[1]["pruned_kl"]
