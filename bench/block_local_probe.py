@@ -29,7 +29,6 @@ The teacher and the candidates must share the teacher's hidden size (the search'
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared short-list loader
 
-from pruned_kl_by_split import BATCH, load_short_list  # noqa: E402
+from pruned_kl_by_split import (  # noqa: E402
+    BATCH,
+    load_short_list,
+    read_report,
+    short_list_arguments,
+)
 
 SCORE_SEED = 7919  # the search's score stream: seed + 7919 (``SearchContext.score_batches``)
 
@@ -196,29 +200,16 @@ def probe(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[str, An
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--report", type=Path, required=True, help="a search's arch.search.json")
-    parser.add_argument("--teacher", type=Path, required=True, help="the teacher's directory")
-    parser.add_argument("--importance", type=Path, required=True,
-                        help="the importance file the search used")
-    parser.add_argument("--corpus", type=Path, required=True, help="the corpus directory")
+    short_list_arguments(parser)
     parser.add_argument("--steps", type=int, default=40, help="Adam steps per block variant")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--train-batches", type=int, default=16,
                         help="training batches of 4 windows (cycled)")
-    parser.add_argument("--windows", type=int, default=16,
-                        help="score windows (the short list's: score batches x batch size)")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0, help="the search's seed")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parent / "results/block_local_probe.json")
     args = parser.parse_args(argv)
-    for name in ("report", "teacher", "importance", "corpus"):
-        if not getattr(args, name).exists():
-            parser.error(f"--{name} {getattr(args, name)} does not exist")
-    report = json.loads(args.report.read_text())
-    if not report.get("selection") or not all("choice" in r for r in report["selection"]):
-        parser.error(f"{args.report} has no short list with choices (a search's arch.search.json)")
+    report = read_report(parser, args)
     print(f"{'candidate':<30} {'pruned KL':>9} {'after BLD':>11} {'short KL':>9} {'blocks':>8}")
     started = time.perf_counter()
     rows = probe(args, report)

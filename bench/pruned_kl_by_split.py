@@ -128,9 +128,8 @@ def _resumed(args: argparse.Namespace) -> list[dict[str, Any]]:
     return earlier.get("rows", []) if same else []
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def short_list_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments that name a recorded short list and what it was cut from."""
     parser.add_argument("--report", type=Path, required=True, help="a search's arch.search.json")
     parser.add_argument("--teacher", type=Path, required=True, help="the teacher's directory")
     parser.add_argument("--importance", type=Path, required=True,
@@ -140,16 +139,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="windows per split (the short list's: score batches x batch size)")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0, help="the search's seed")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).resolve().parent / "results/pruned_kl_by_split.json")
-    args = parser.parse_args(argv)
+
+
+def read_report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The report named by ``short_list_arguments``, refused (exit 2) without a short list."""
     for name in ("report", "teacher", "importance", "corpus"):
         if not getattr(args, name).exists():
             parser.error(f"--{name} {getattr(args, name)} does not exist")
     report = json.loads(args.report.read_text())
-    if not all("choice" in r for r in report.get("selection", [])) or not report.get("selection"):
+    if not report.get("selection") or not all("choice" in r for r in report["selection"]):
         parser.error(f"{args.report} has no short list with choices (a search's arch.search.json)")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    short_list_arguments(parser)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parent / "results/pruned_kl_by_split.json")
+    args = parser.parse_args(argv)
+    report = read_report(parser, args)
     print(f"{'candidate':<30} {'params':>7} " + " ".join(f"{s:>11}" for s in SPLITS)
           + f" {'short KL':>8}")
     done = _resumed(args)
