@@ -55,7 +55,9 @@ class TeacherBlocks:
 
         self.layers = teacher.model.layers
         self.entering: dict[int, list] = {i: [] for i in range(len(self.layers))}
-        self.call: list[dict[str, Any]] = []
+        # Per layer and batch: what its attention was called with (masks differ between
+        # full and sliding-window layers).
+        self.call: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(self.layers))}
         hooks = [layer.register_forward_pre_hook(self._grab(i), with_kwargs=True)
                  for i, layer in enumerate(self.layers)]
         try:
@@ -74,15 +76,16 @@ class TeacherBlocks:
     def _grab(self, index: int):
         def hook(module, args, kwargs):
             self.entering[index].append(args[0].detach().half())
-            if index == 0:
-                self.call.append({"position_embeddings": kwargs["position_embeddings"],
-                                  "attention_mask": kwargs.get("attention_mask")})
+            self.call[index].append({"position_embeddings": kwargs["position_embeddings"],
+                                     "attention_mask": kwargs.get("attention_mask")})
         return hook
 
     def output(self, layer, kind: str, x, batch: int):
-        """What ``layer``'s ``kind`` block adds to the residual stream ``x``."""
+        """What ``layer``'s ``kind`` block adds to the residual stream ``x`` (a student's
+        layer is called as the teacher's layer of the same index was)."""
         if kind == "attention":
-            return layer.self_attn(layer.input_layernorm(x), **self.call[batch])[0]
+            return layer.self_attn(layer.input_layernorm(x),
+                                   **self.call[layer.layer_idx][batch])[0]
         return layer.mlp(layer.post_attention_layernorm(x))
 
     def example(self, layer: int, kind: str, batch: int):
@@ -116,7 +119,7 @@ def train_block(blocks: TeacherBlocks, student_layer, layer: int, kind: str, ste
         p.requires_grad_(True)
     optimizer = torch.optim.Adam(params, lr=lr)
     for step in range(steps):
-        loss = error(step % len(blocks.call))
+        loss = error(step % len(blocks.call[layer]))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
