@@ -710,19 +710,17 @@ def analysis_text(data: dict) -> list[str]:
 
 
 def _rank_correlation(a: list[float], b: list[float]) -> float | None:
-    """Spearman's rho (no ties expected: KLs are real numbers)."""
-    if len(a) < 3:
-        return None
-    ranks = [sorted(v).index(x) for v in (a, b) for x in v]
-    ra, rb = ranks[:len(a)], ranks[len(a):]
-    n = len(a)
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb, strict=True)) / (n * (n * n - 1))
+    """Spearman's rho (``stats.spearman``); None for fewer than three or a constant side."""
+    from autocompress.stats import spearman
+
+    rho = spearman(a, b) if len(a) >= 3 else math.nan
+    return None if math.isnan(rho) else rho
 
 
 TEACHER_SIDE = "teacher: "  # origin prefix of a candidate repaired from the teacher
 
 
-def _side(candidate: dict) -> str:
+def short_list_side(candidate: dict) -> str:
     """Which side of the search's short list a candidate came from: repair from the
     teacher (what greedy also finds) or repair from the DNAS answer."""
     return "teacher" if str(candidate.get("origin", "")).startswith(TEACHER_SIDE) else "search"
@@ -753,8 +751,8 @@ def selection_lines(data: dict) -> list[str]:
                          f"after pruning, {best_pruned['layers']} layers, had "
                          f"{best_pruned['kl']:.3f} after the short distillation"
                          + (f"; Spearman ρ {rho:+.2f}" if rho is not None else "") + ")")
-            if {_side(f) for f in short} == {"teacher", "search"}:
-                side = _side(chosen)
+            if {short_list_side(f) for f in short} == {"teacher", "search"}:
+                side = short_list_side(chosen)
                 wins.setdefault(name, []).append(side)
                 text += (" — from the teacher's side (greedy repair)" if side == "teacher"
                          else " — from the search's side (repair of the DNAS answer)")

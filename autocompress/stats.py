@@ -152,3 +152,22 @@ def paired_vectors(a: Sequence[float], b: Sequence[float], **kwargs) -> PairedDi
     runs_a = [{"items": dict(zip(ids, a, strict=True))}]
     runs_b = [{"items": dict(zip(ids, b, strict=True))}]
     return paired_differences(runs_a, runs_b, ["items"], **kwargs)["items"]
+
+
+def average_ranks(values: Sequence[float]) -> np.ndarray:
+    """0-based ranks, tied values sharing the mean of their ranks (Spearman's convention)."""
+    values = np.asarray(values, dtype=float)
+    ranks = np.empty(len(values))
+    ranks[np.argsort(values, kind="stable")] = np.arange(len(values))
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation, ties averaged; NaN when either side has one value only."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])

@@ -98,15 +98,19 @@ class TeacherBlocks:
             return x, self.output(self.layers[layer], kind, x, batch)
 
 
+def block_modules(layer, kind: str) -> list:
+    """A block's weights with its own norm: what block-local training changes."""
+    return ([layer.input_layernorm, layer.self_attn] if kind == "attention"
+            else [layer.post_attention_layernorm, layer.mlp])
+
+
 def train_block(blocks: TeacherBlocks, student_layer, layer: int, kind: str, steps: int,
                 lr: float) -> tuple[float, float]:
     """Adam on the block's weights (and its norm) toward the teacher block's output; the
     normalised MSE on the first training batch before and after."""
     import torch
 
-    modules = ([student_layer.input_layernorm, student_layer.self_attn] if kind == "attention"
-               else [student_layer.post_attention_layernorm, student_layer.mlp])
-    params = [p for m in modules for p in m.parameters()]
+    params = [p for m in block_modules(student_layer, kind) for p in m.parameters()]
 
     def error(batch: int):
         x, target = blocks.example(layer, kind, batch)
@@ -176,8 +180,7 @@ def probe(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[str, An
             for kind, partial in _partial(spec_layer, space.teacher.layers[i]).items():
                 if not partial:
                     continue
-                modules = ([layer.input_layernorm, layer.self_attn] if kind == "attention"
-                           else [layer.post_attention_layernorm, layer.mlp])
+                modules = block_modules(layer, kind)
                 key = (i, kind, getattr(choice, kind)[i])
                 if key not in trained:
                     errors = train_block(blocks, layer, i, kind, args.steps, args.lr)

@@ -49,12 +49,15 @@ from typing import Any
 
 import numpy as np
 
+from autocompress.report import short_list_side
+from autocompress.stats import spearman
+
 ROOT = Path(__file__).resolve().parents[1]
 TEACHERS = {7_082_240: "bundled 7M", 134_515_008: "SmolLM2-135M"}
 
 
 def _search_side(row: dict[str, Any]) -> float:
-    return 0.0 if str(row.get("origin", "")).startswith("teacher") else 1.0
+    return float(short_list_side(row) == "search")
 
 
 # What a row may be ranked or fitted by; lower ranked better after the sign.
@@ -130,24 +133,6 @@ def _has(rows: list[dict[str, Any]], feature: str) -> bool:
 
 
 # ------------------------------------------------------------------ statistics
-
-
-def _ranks(values: np.ndarray) -> np.ndarray:
-    """Ranks with ties averaged (Spearman's convention)."""
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
-    for value in np.unique(values):
-        tied = values == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    rx, ry = _ranks(x), _ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def _centred(entry: dict[str, Any], features: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:

@@ -223,11 +223,12 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig,
     pool, drawn = sample_choices(space, tables, budgets, count, config.dnas.seed, config.random)
     kl = MeasuredKL(ctx.masked, ctx.score_batches(config))
     bar = Bar("random candidates", len(pool), progress)
+    ranked = []
     for i, choice in enumerate(pool):
-        kl(choice)
+        ranked.append(kl(choice))
         bar.update(i + 1, "")
     bar.close()
-    ranked = sorted(kl.memo.values())
+    ranked.sort()
     final = FinalPick(ctx, config, progress, budgets=budgets)
 
     def within(bounds):  # the pool's candidates within the bounds, best KL first

@@ -155,7 +155,8 @@ class Finalist:
     def describe(self, space: SearchSpace) -> dict[str, Any]:
         spec = space.spec_of(self.choice)
         return {"origin": self.origin, "layers": self.layers,
-                "blocks": _blocks(space, self.choice),
+                "blocks": sum((layer.attention is not None) + (layer.ffn is not None)
+                              for layer in spec.layers),
                 "attention_blocks": sum(layer.attention is not None for layer in spec.layers),
                 "hidden_size": spec.hidden_size,
                 "params": spec.num_params(), "estimate": self.estimate,
@@ -166,11 +167,6 @@ class Finalist:
 def layers_kept(space: SearchSpace, choice: Choice) -> int:
     return sum(1 for layer in space.spec_of(choice).layers
                if layer.attention is not None or layer.ffn is not None)
-
-
-def _blocks(space: SearchSpace, choice: Choice) -> int:
-    return sum((layer.attention is not None) + (layer.ffn is not None)
-               for layer in space.spec_of(choice).layers)
 
 
 def emptying_order(space: SearchSpace, scores: Scores, anchor: Choice) -> list[int]:
