@@ -203,6 +203,24 @@ def probe(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[str, An
     return rows
 
 
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per side of the short list, the mean KL gained by block-local training; and how each KL
+    ranks the candidates against the short distillation (Spearman)."""
+    from autocompress.report import short_list_side
+    from autocompress.stats import spearman
+
+    short = [r["short_distill_kl"] for r in rows]
+    out: dict[str, Any] = {
+        "spearman_pruned": round(spearman([r["pruned_kl"] for r in rows], short), 4),
+        "spearman_block_local": round(spearman([r["block_local_kl"] for r in rows], short), 4)}
+    for side in ("search", "teacher"):
+        mine = [r for r in rows if short_list_side(r) == side]
+        if mine:
+            out[f"{side}_side_gain"] = round(sum(r["pruned_kl"] - r["block_local_kl"]
+                                                 for r in mine) / len(mine), 4)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -222,9 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     from autocompress.atomic import write_json_atomic
     from autocompress.hardware import machine_summary
 
+    result = summary(rows)
+    print("Spearman against the short distillation: right after pruning "
+          f"{result['spearman_pruned']:+.2f}, after BLD {result['spearman_block_local']:+.2f}; "
+          "KL gained by BLD, mean per side: " + ", ".join(
+              f"{k.removesuffix('_side_gain')} {v:.3f}" for k, v in result.items()
+              if k.endswith("_side_gain")))
     write_json_atomic(args.out, {"report": str(args.report), "steps": args.steps, "lr": args.lr,
                                  "train_batches": args.train_batches, "windows": args.windows,
                                  "seq_len": args.seq_len, "seed": args.seed, "rows": rows,
+                                 "summary": result,
                                  "seconds": round(time.perf_counter() - started, 1),
                                  "machine": machine_summary()})
     print(f"wrote {args.out}")

@@ -110,9 +110,11 @@ def _line(row: dict[str, Any]) -> str:
 
 def _write(path: Path, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     from autocompress.atomic import write_json_atomic
+    from autocompress.hardware import machine_summary
 
     write_json_atomic(path, {"report": str(args.report), "windows": args.windows,
-                             "seq_len": args.seq_len, "seed": args.seed, "rows": rows})
+                             "seq_len": args.seq_len, "seed": args.seed, "rows": rows,
+                             "threads": args.threads, "machine": machine_summary()})
 
 
 def _resumed(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -66,6 +66,7 @@ def test_the_calibration_column_reproduces_the_short_lists_pruned_kl(pk, setup):
     assert pruned["calibration"] == pytest.approx(rows[1]["pruned_kl"], abs=1e-4)
     assert pruned["heldout"] > 0.0 and pruned["train"] > 0.0
     assert pruned["heldout"] != pruned["calibration"]  # other text, another value
+    assert json.loads(out.read_text())["machine"]["cpu"]  # machines differ between sessions
 
 
 def test_a_finished_row_is_not_measured_again(pk, setup, monkeypatch):
@@ -119,3 +120,7 @@ def test_block_local_training_lowers_the_kl_of_partial_blocks_only(blp, setup):
     assert after[1]["block_mse_after"] < after[1]["block_mse_before"]
     assert before[1]["block_mse_after"] == before[1]["block_mse_before"]
     assert after[1]["block_local_kl"] != after[1]["pruned_kl"]
+    gains = json.loads(trained.read_text())["summary"]
+    assert gains["teacher_side_gain"] == pytest.approx(0.0, abs=1e-4)  # nothing to train
+    assert gains["search_side_gain"] == pytest.approx(
+        after[1]["pruned_kl"] - after[1]["block_local_kl"], abs=1e-3)
