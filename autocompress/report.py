@@ -56,6 +56,9 @@ PLOT_METRICS = (("tpot_ms", "measured TPOT (ms)"),
 # with the 95% interval of the paired difference above zero.
 WIN_MARGIN = 0.02
 HELDOUT = "heldout_loss"  # per-item key of the held-out windows (not a multiple-choice task)
+# Teacher readings further apart than this are two hosts: one absolute limit is then two
+# budgets (hosts of one name here read the same teacher 2.7-5.3 ms, docs/results-history.md).
+HOST_DRIFT = 0.10
 
 
 def load_compare(path: str | Path) -> dict[str, Any]:
@@ -149,7 +152,7 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
                                     hint="pass files of one target, teacher and baseline")
     runs, cells = [], {}
     for data in datas:
-        for run in data.get("runs", []):
+        for run in map(_stamp_teacher_reading, data.get("runs", [])):
             cell = (run["preset"], run["budget_fraction"])
             if cell in cells:
                 _join_cell(cells[cell], run)
@@ -169,6 +172,22 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
             "reduced": any(d.get("reduced") for d in datas),
             "wall_s": sum(d.get("wall_s", 0) for d in datas), "invocations": len(datas),
             "not_run": [n for d in datas for n in d.get("not_run", [])]}
+
+
+def _stamp_teacher_reading(run: dict[str, Any]) -> dict[str, Any]:
+    """``run`` with every seed carrying its own file's teacher reading (``teacher_measured``),
+    so that in a merged cell each seed still says what share of *its* host's teacher the
+    common limit was."""
+    measured = (run.get("teacher_verify") or {}).get("measured")
+    if not measured:
+        return run
+
+    def stamped(m: dict[str, Any]) -> dict[str, Any]:
+        if "seeds" not in m:  # version 2: the entry is the one seed
+            return {"teacher_measured": measured, **m}
+        return {**m, "seeds": [{"teacher_measured": measured, **e} for e in m["seeds"]]}
+
+    return {**run, "methods": {k: stamped(m) for k, m in run.get("methods", {}).items()}}
 
 
 def _join_cell(cell: dict[str, Any], run: dict[str, Any]) -> None:
@@ -271,20 +290,110 @@ def _seed_sd(values: list) -> float | None:
     return statistics.stdev(values) if len(values) > 1 else None
 
 
-def _limit_text(run: dict) -> str:
+def teacher_reading(run: dict, metric: str) -> float | None:
+    """The teacher's measured ``metric`` in the run of ``run``'s cell (its verify on target)."""
+    return ((run.get("teacher_verify") or {}).get("measured") or {}).get(metric)
+
+
+def teacher_readings(run: dict, seeds: list[dict], metric: str) -> list[float]:
+    """The distinct teacher readings under which ``seeds`` ran (each seed's own file's, else
+    the cell's), ascending."""
+    cell = teacher_reading(run, metric)
+    values = {(e.get("teacher_measured") or {}).get(metric) or cell for e in seeds} or {cell}
+    return sorted(v for v in values if v)
+
+
+def drifted(readings: list[float]) -> bool:
+    """Whether teacher readings are far enough apart to be two hosts (``HOST_DRIFT``)."""
+    return len(readings) > 1 and readings[-1] > readings[0] * (1 + HOST_DRIFT)
+
+
+def carried_reading(run: dict, metric: str) -> tuple[float, str] | None:
+    """The teacher's reading where a carried limit was set (``bench compare --limits-from``)
+    and that file's name, when it differs from this run's by more than ``HOST_DRIFT``."""
+    carried = run.get("limits_carried") or {}
+    then = ((carried.get("teacher_verify") or {}).get("measured") or {}).get(metric)
+    now = teacher_reading(run, metric)
+    if not then or not now or not drifted(sorted([then, now])):
+        return None
+    return then, Path(carried.get("from", "?")).name
+
+
+def _limit_text(run: dict, seeds: list[dict] | None = None) -> str:
     """The cell's limits, each with its share of the teacher as this run measured it: a
     limit carried from another session (``--limits-from``) is a fraction of *that*
-    session's teacher, and the teacher's own reading moves between sessions."""
-    measured = (run.get("teacher_verify") or {}).get("measured") or {}
+    session's teacher, and the teacher's own reading moves between sessions. With
+    ``seeds`` (one method's, in a cell merged from several files) the share is each seed's
+    own host's, given as a range where those hosts drifted apart."""
     parts = []
     for name, bound in run.get("limits", {}).items():
         sign = "≤" if name.startswith("max_") else "≥"
         metric = name.removeprefix("max_").removeprefix("min_")
         text = f"{metric} {sign} {bound:.3g}"
-        if measured.get(metric):
-            text += f" ({bound / measured[metric]:.0%} of the teacher's {measured[metric]:.3g})"
+        readings = teacher_readings(run, seeds or [], metric)
+        if drifted(readings):
+            low, high = readings[0], readings[-1]
+            text += (f" ({bound / high:.0%}–{bound / low:.0%} of the teacher's {low:.3g}–"
+                     f"{high:.3g}, as each seed's host read it)")
+        elif readings:  # one host: this method's own reading, else the cell's
+            reading = readings[0] if len(readings) == 1 else (teacher_reading(run, metric)
+                                                              or readings[0])
+            text += f" ({bound / reading:.0%} of the teacher's {reading:.3g})"
+        carried = carried_reading(run, metric)
+        if carried:
+            text += f"; set as {bound / carried[0]:.0%} of its {carried[0]:.3g} in {carried[1]}"
         parts.append(text)
     return ", ".join(parts)
+
+
+def _seed_reading(run: dict, entry: dict, metric: str) -> float | None:
+    return (entry.get("teacher_measured") or {}).get(metric) or teacher_reading(run, metric)
+
+
+def _pair_drift(run: dict, metric: str, base: str) -> list[str]:
+    """Each seed s of a method that ran on a host more than ``HOST_DRIFT`` away from the
+    baseline's seed s (their paired difference then mixes two budgets)."""
+    methods = methods_of(run)
+    base_seeds = {_seed_of(e): e for e in methods.get(base, {}).get("seeds", [])}
+    out = []
+    for name, m in methods.items():
+        pairs = [(_seed_of(e), _seed_reading(run, e, metric),
+                  _seed_reading(run, base_seeds[_seed_of(e)], metric))
+                 for e in m["seeds"] if name != base and _seed_of(e) in base_seeds]
+        out += [f"{method_label(name)} seed {s} {a:.3g} against {b:.3g}"
+                for s, a, b in pairs if a and b and drifted(sorted([a, b]))]
+    return out
+
+
+def host_drift_notes(data: dict) -> list[str]:
+    """One line per cell whose runs read the teacher on hosts more than ``HOST_DRIFT`` apart
+    (cells merged from several files, or a limit carried from another host). Worst: a seed
+    pair on two hosts, whose paired difference mixes two budgets. Milder: each pair on one
+    host, but the seeds on different ones, so the limit was a different share per seed."""
+    notes = []
+    for run in data.get("runs", []):
+        metric = run.get("main_metric", "tpot_ms")
+        cell = f"{run['preset']} @ {run['budget_fraction']:.0%}"
+        seeds = [e for m in methods_of(run).values() for e in m["seeds"]]
+        readings = teacher_readings(run, seeds, metric)
+        pairs = _pair_drift(run, metric, baseline_of(data))
+        fix = ("Run the later method at its budget fraction on its own host and `bench "
+               "retime` the earlier file's architectures under its limits.")
+        if pairs:
+            notes.append(f"{cell}: seed pairs on two hosts (the teacher's {metric} where each "
+                         f"ran, against {method_label(baseline_of(data))}'s same seed: "
+                         f"{'; '.join(pairs)}); those paired differences mix two budgets. "
+                         f"{fix}")
+        elif drifted(readings):
+            notes.append(f"{cell}: the seeds ran on hosts whose teacher read {readings[0]:.3g}–"
+                         f"{readings[-1]:.3g} {metric}; each seed pair shares one host, but the "
+                         "limit was a different share of the teacher for each seed.")
+        carried = carried_reading(run, metric)
+        if carried:
+            notes.append(f"{cell}: the limit, carried from {carried[1]}, was set where the "
+                         f"teacher read {carried[0]:.3g} {metric}; here it read "
+                         f"{teacher_reading(run, metric):.3g}, so it is another budget. {fix}")
+    return notes
 
 
 def _mc_tasks(per_item: dict) -> list[str]:
@@ -397,9 +506,9 @@ def table_rows(data: dict) -> list[dict[str, str]]:
     for run in data.get("runs", []):
         metric = run.get("main_metric", "tpot_ms")
         methods = methods_of(run)
-        common = {"preset": run["preset"], "budget": f"{run['budget_fraction']:.0%}",
-                  "limit": _limit_text(run)}
+        common = {"preset": run["preset"], "budget": f"{run['budget_fraction']:.0%}"}
         for name, m in methods.items():
+            common["limit"] = _limit_text(run, m["seeds"])
             if not m["seeds"]:
                 reason = "; ".join(sorted(set(m["failed"].values())))
                 rows.append({**common, "method": method_label(name),
@@ -483,6 +592,7 @@ def readme_table(data: dict) -> str:
     if sources:
         note += "\n_Methods from several runs, paired under the same limits: " + "; ".join(
             sources) + "._"
+    note += "".join(f"\n_Host drift: {n}_" for n in host_drift_notes(data))
     if data.get("reduced"):
         note += "\n_REDUCED comparison (fewer presets, budgets or seeds than the issue asks)._"
     if data.get("synthetic"):
@@ -698,6 +808,7 @@ def analysis_text(data: dict) -> list[str]:
                     + (f"; {', '.join(others)} did." if others else "."))
     found = verdicts(data)
     lines += [_verdict_line(v) for v in found]
+    lines += [f"- **Host drift**, {note}" for note in host_drift_notes(data)]
     ours = [v for v in found if v["method"] == "autocompress"]
     if ours:
         lost = [f"{v['preset']} @ {v['budget_fraction']:.0%}" for v in ours

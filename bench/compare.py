@@ -82,10 +82,11 @@ def method_seeds(args: argparse.Namespace, method: str) -> list[int]:
     return args.seeds
 
 
-def earlier_limits(args: argparse.Namespace) -> dict[tuple[str, float], dict[str, float]]:
-    """``--limits-from``: each cell's limits in an earlier comparison's JSON, so that a
-    method added later on this machine runs under the very same limits and its results
-    join that file's in one table (``bench report --json FILE:METHOD``)."""
+def earlier_cells(args: argparse.Namespace) -> dict[tuple[str, float], dict[str, Any]]:
+    """``--limits-from``: each cell of an earlier comparison's JSON (its limits and the
+    teacher's reading there), so that a method added later on this machine runs under the
+    very same limits and its results join that file's in one table
+    (``bench report --json FILE:METHOD``)."""
     if not args.limits_from:
         return {}
     from autocompress.report import cells_with_limits, load_compare
@@ -96,7 +97,7 @@ def earlier_limits(args: argparse.Namespace) -> dict[tuple[str, float], dict[str
     if missing:
         raise AutoCompressError(f"{args.limits_from} has no limits for {', '.join(missing)}",
                                 hint="run only the presets and budgets that file has")
-    return {cell: run["limits"] for cell, run in found.items()}
+    return found
 
 
 def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -104,7 +105,7 @@ def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     so an interrupted comparison has whole cells to show). With ``--limits-from`` a run
     gets that file's limits for its cell instead of its budget fraction."""
     seeds = sorted({s for m in args.methods for s in method_seeds(args, m)})
-    fixed = earlier_limits(args)
+    fixed = {cell: run["limits"] for cell, run in earlier_cells(args).items()}
 
     def cell(preset: str, fraction: float) -> dict[str, Any]:
         if fixed:
@@ -269,12 +270,17 @@ def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict
 
     runs: dict[tuple[str, float], dict] = {}
     teacher: dict[str, Any] = {}
+    carried = earlier_cells(args)
     for point in sweep_report.points:
         preset, fraction = point.overrides["workload"], run_fraction(point, args)
         run = runs.setdefault((preset, fraction), {
             "preset": preset, "budget_fraction": fraction,
             "main_metric": get_workload(preset).main_metric,
             "distill_tokens": distill_tokens(args, fraction), "methods": {}})
+        if carried:  # where the limits were set, and the teacher's reading there
+            run["limits_carried"] = {
+                "from": args.limits_from,
+                "teacher_verify": carried[(preset, fraction)].get("teacher_verify")}
         method = run["methods"].setdefault(point.overrides["method"],
                                            {"seeds": [], "failed": {}})
         if point.error is not None:
@@ -387,7 +393,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
 
     out = Path(args.json)
     write_json_atomic(out, data)
-    print_table(data)
+    print_table(data)  # with a line per cell whose carried limit crossed hosts
     log(f"wrote {out} ({data['wall_s']:.0f} s)")
     if args.report:
         from autocompress.report import write_report

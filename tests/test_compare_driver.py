@@ -131,7 +131,9 @@ def _point(store, tmp_path, method, seed, mc, teacher_refs):
                       steps=[{"name": "arch", "seconds": 1.0}])
 
 
-def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_path):
+def _sweep_report(tmp_path, teacher_tpot: float | None = None):
+    """A sweep of two methods x two seeds and a failed greedy seed, as published artifacts;
+    the teacher's verify read ``teacher_tpot`` (None: not measured)."""
     from transformers import LlamaConfig
 
     from flows.sweep import SweepPoint, SweepReport
@@ -141,12 +143,13 @@ def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_
     LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2,
                 vocab_size=128).save_pretrained(teacher_dir)
+    measured = {} if teacher_tpot is None else {"tpot_ms": teacher_tpot}
     teacher_refs = {
         "teacher": store.publish(teacher_dir, "teacher"),
         "teacher_eval": _publish_json(store, tmp_path, "teacher-eval.json", {
             "mc_mean": 0.6, "per_item": {"t": {"0": 1.0}}}, "evaluation"),
         "teacher_verification": _publish_json(store, tmp_path, "teacher-verify.json", {
-            "measured": {}, "noise": {}, "predicted": {}, "ok": False,
+            "measured": measured, "noise": {}, "predicted": {}, "ok": False,
             "prediction_error": {}}, "verification"),
     }
     points = [_point(store, tmp_path, m, s, mc, teacher_refs)
@@ -155,10 +158,15 @@ def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_
                         overrides={"workload": "interactive-cpu", "budget_fraction": 0.4,
                                    "method": "greedy",
                                    "options": {"distill": {"seed": 0}}})
+    return SweepReport(points=[*points, failed], score_metric="mc_mean",
+                       cost_metrics=["tpot_ms"]), failed
+
+
+def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_path):
+    sweep_report, failed = _sweep_report(tmp_path)
     args = compare.build_parser().parse_args(["--presets", "interactive-cpu", "--budgets",
                                               "0.4", "--seeds", "0", "1", "--reduced"])
-    data = compare.build_results(SweepReport(points=[*points, failed], score_metric="mc_mean",
-                                             cost_metrics=["tpot_ms"]), args, wall_s=1.0)
+    data = compare.build_results(sweep_report, args, wall_s=1.0)
     json.dumps(data)  # JSON-ready
     run = data["runs"][0]
     assert data["version"] == 3 and data["reduced"] and data["teacher"]["params"] > 0
@@ -176,6 +184,32 @@ def test_results_record_every_method_and_seed_with_per_item_scores(compare, tmp_
     v = report.verdicts(data)[0]
     assert v["method"] == "autocompress" and v["mc_delta"] == pytest.approx(0.1)
     assert v["paired"]["mc"]["overall"]["low"] > 0  # nested wins: every item diff >= 0
+
+
+def test_a_carried_limit_records_where_it_was_set_and_a_host_change_is_named(compare,
+                                                                          tmp_path):
+    """With --limits-from the results say which file set the limits and what the teacher read
+    there; this run's teacher reading 9 ms against 6 there is another budget, and the
+    table printed at the end says so."""
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": [{
+        "preset": "interactive-cpu", "budget_fraction": 0.4, "limits": {"max_tpot_ms": 3.5},
+        "teacher_verify": {"measured": {"tpot_ms": 6.0}}}]}))
+    sweep_report, _ = _sweep_report(tmp_path, teacher_tpot=9.0)
+    args = compare.build_parser().parse_args(["--presets", "interactive-cpu", "--budgets",
+                                              "0.4", "--seeds", "0", "1",
+                                              "--limits-from", str(earlier)])
+    data = compare.build_results(sweep_report, args, wall_s=1.0)
+    carried = data["runs"][0]["limits_carried"]
+    assert carried == {"from": str(earlier),
+                       "teacher_verify": {"measured": {"tpot_ms": 6.0}}}
+    (note,) = report.host_drift_notes(data)
+    assert "carried from earlier.json" in note and "here it read 9" in note
+    assert "set as 58% of its 6 in earlier.json" in report.readme_table(data)
+    # Without --limits-from nothing is carried and nothing is flagged.
+    args.limits_from = None
+    data = compare.build_results(sweep_report, args, wall_s=1.0)
+    assert "limits_carried" not in data["runs"][0] and report.host_drift_notes(data) == []
 
 
 def test_the_importance_criterion_is_part_of_the_importance_stage_key():

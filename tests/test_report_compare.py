@@ -506,3 +506,70 @@ def test_another_method_can_be_the_baseline(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "no cell has the method 'dnas'" in err
     assert "Traceback" not in err
+
+
+def _read_teacher_at(data: dict, tpot: float) -> dict:
+    """``data`` as if its runs had read the teacher at ``tpot`` (another host)."""
+    for run in data["runs"]:
+        run["teacher_verify"]["measured"]["tpot_ms"] = tpot
+    return data
+
+
+def test_a_seed_pair_split_across_hosts_is_flagged_and_each_row_says_its_share(tmp_path):
+    """A method run later on a host whose teacher reads 12 ms, paired with a baseline whose
+    teacher read 9 ms under the same 4 ms limit: its row gives its own share (33%, not 44%)
+    and the table and the verdict say those pairs mix two budgets."""
+    first = _synthetic(minitron_wins=False)
+    a, b = _two_files(tmp_path, first, _read_teacher_at(_synthetic(minitron_wins=False), 12.0),
+                      "autocompress", 0.45)
+    merged = report.merge_compares([report.load_compare(f"{a}:minitron"),
+                                    report.load_compare(f"{b}:autocompress")])
+    rows = {r["method"]: r for r in report.table_rows(merged) if r["budget"] == "40%"}
+    assert rows["Minitron"]["limit"] == "tpot_ms ≤ 4 (44% of the teacher's 9)"
+    assert rows["AutoCompress"]["limit"] == "tpot_ms ≤ 4 (33% of the teacher's 12)"
+    (note,) = [n for n in report.host_drift_notes(merged) if n.startswith("interactive-cpu @ 40%")]
+    assert "AutoCompress seed 0 12 against 9; AutoCompress seed 1 12 against 9" in note
+    assert "mix two budgets" in note
+    assert "_Host drift: interactive-cpu @ 40%" in report.readme_table(merged)
+    assert any(line.startswith("- **Host drift**") for line in report.analysis_text(merged))
+    # Within HOST_DRIFT (9 against 9.5) it is one host's noise: no note, each its own share.
+    b.write_text(json.dumps(_read_teacher_at(_synthetic(minitron_wins=False), 9.5)))
+    merged = report.merge_compares([report.load_compare(f"{a}:minitron"),
+                                    report.load_compare(f"{b}:autocompress")])
+    assert report.host_drift_notes(merged) == []
+    assert "Host drift" not in report.readme_table(merged)
+
+
+def test_seeds_on_different_hosts_with_each_pair_on_one_are_told_apart(tmp_path):
+    """Seed 0 of both methods on one host (9 ms), seed 1 of both on another (12 ms): every
+    pair is fair, but the rows give the range of shares and the note says so."""
+    def one_seed(seed: int, tpot: float) -> dict:
+        data = _read_teacher_at(_synthetic(minitron_wins=False, seeds=1), tpot)
+        data["settings"]["seeds"] = [seed]
+        for run in data["runs"]:
+            for m in run["methods"].values():
+                m["seeds"][0]["seed"] = seed
+        return data
+
+    merged = report.merge_compares([one_seed(0, 9.0), one_seed(1, 12.0)])
+    row = [r for r in report.table_rows(merged) if r["budget"] == "40%"][0]
+    assert row["limit"] == ("tpot_ms ≤ 4 (33%–44% of the teacher's 9–12, as each seed's host "
+                            "read it)")
+    notes = report.host_drift_notes(merged)
+    assert len(notes) == 2 and all("each seed pair shares one host" in n for n in notes)
+
+
+def test_a_limit_carried_from_another_host_says_where_it_was_set():
+    """`bench compare --limits-from` records where the limits were set; a teacher reading
+    there more than HOST_DRIFT from this run's is named beside the limit and in a note."""
+    data = _synthetic(minitron_wins=False)
+    run = data["runs"][1]  # 4 ms; the teacher read 9 ms here
+    run["limits_carried"] = {"from": "/x/earlier.json",
+                             "teacher_verify": {"measured": {"tpot_ms": 6.0}}}
+    assert report._limit_text(run) == ("tpot_ms ≤ 4 (44% of the teacher's 9); set as 67% of "
+                                       "its 6 in earlier.json")
+    (note,) = report.host_drift_notes(data)
+    assert note.startswith("interactive-cpu @ 40%: the limit, carried from earlier.json")
+    run["limits_carried"]["teacher_verify"]["measured"]["tpot_ms"] = 8.5  # within 10%
+    assert report._limit_text(run) == "tpot_ms ≤ 4 (44% of the teacher's 9)"
+    assert report.host_drift_notes(data) == []
