@@ -148,3 +148,33 @@ def limits_from_options(file: str | Path | None = None, **options: float | None)
 
 _LIMITS_HINT = ("limits are positive numbers, e.g. --max-tpot-ms 5 or a file "
                 '{"max_tpot_ms": 5, "max_memory_gb": 0.5}; fields: ' + ", ".join(LIMIT_METRICS))
+
+
+# Teacher readings further apart than this are two hosts: one absolute limit is then two
+# budgets (hosts of one name here read the same teacher 2.7-5.3 ms, docs/results-history.md).
+HOST_DRIFT = 0.10
+HOST_REFUSAL = "the same limit is another budget on this host"  # check_same_host's words
+
+
+def host_drift(a: float, b: float, tolerance: float = HOST_DRIFT) -> bool:
+    """Whether two readings of one model are further apart than ``tolerance`` (relative)."""
+    return max(a, b) > min(a, b) * (1 + tolerance)
+
+
+def check_same_host(limits: Limits, teacher_here: Mapping[str, float],
+                    teacher_there: Mapping[str, float], where: str = "another run",
+                    tolerance: float = HOST_DRIFT) -> None:
+    """Refuse ``limits`` carried from ``where`` when the teacher read any limited metric more
+    than ``tolerance`` away there: the same absolute limit is another fraction of the
+    teacher, another budget, on this host, so the methods paired under it would not be
+    compared at one budget."""
+    for metric in limits.by_metric():
+        there, here = teacher_there.get(metric), teacher_here.get(metric)
+        if there and here and host_drift(there, here, tolerance):
+            raise AutoCompressError(
+                f"the limits from {where} were set where the teacher read {metric} "
+                f"{there:.3g}; here it reads {here:.3g} ({here / there - 1:+.0%}), so "
+                + HOST_REFUSAL,
+                hint="run at the budget fraction on this host and re-time the earlier "
+                "file's architectures under its limits (`autocompress bench retime`), or "
+                "accept the drift (`bench compare --allow-host-drift`)")

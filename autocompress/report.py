@@ -35,6 +35,7 @@ from typing import Any
 
 from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
+from autocompress.limits import HOST_DRIFT, host_drift
 
 DEFAULT_BLOCK = "results"
 
@@ -56,9 +57,6 @@ PLOT_METRICS = (("tpot_ms", "measured TPOT (ms)"),
 # with the 95% interval of the paired difference above zero.
 WIN_MARGIN = 0.02
 HELDOUT = "heldout_loss"  # per-item key of the held-out windows (not a multiple-choice task)
-# Teacher readings further apart than this are two hosts: one absolute limit is then two
-# budgets (hosts of one name here read the same teacher 2.7-5.3 ms, docs/results-history.md).
-HOST_DRIFT = 0.10
 
 
 def load_compare(path: str | Path) -> dict[str, Any]:
@@ -304,8 +302,8 @@ def teacher_readings(run: dict, seeds: list[dict], metric: str) -> list[float]:
 
 
 def drifted(readings: list[float]) -> bool:
-    """Whether teacher readings are far enough apart to be two hosts (``HOST_DRIFT``)."""
-    return len(readings) > 1 and readings[-1] > readings[0] * (1 + HOST_DRIFT)
+    """Whether sorted teacher readings are far enough apart to be two hosts."""
+    return len(readings) > 1 and host_drift(readings[0], readings[-1])
 
 
 def carried_reading(run: dict, metric: str) -> tuple[float, str] | None:
@@ -380,7 +378,8 @@ def host_drift_notes(data: dict) -> list[str]:
         fix = ("Run the later method at its budget fraction on its own host and `bench "
                "retime` the earlier file's architectures under its limits.")
         if pairs:
-            notes.append(f"{cell}: seed pairs on two hosts (the teacher's {metric} where each "
+            notes.append(f"{cell}: seed pairs on hosts more than {HOST_DRIFT:.0%} apart (the "
+                         f"teacher's {metric} where each "
                          f"ran, against {method_label(baseline_of(data))}'s same seed: "
                          f"{'; '.join(pairs)}); those paired differences mix two budgets. "
                          f"{fix}")

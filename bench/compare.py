@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.errors import AutoCompressError
+from autocompress.limits import HOST_REFUSAL
 
 PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
 METHODS = ("autocompress", "minitron", "greedy", "random")  # flows.compress.METHODS
@@ -105,12 +106,19 @@ def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
     so an interrupted comparison has whole cells to show). With ``--limits-from`` a run
     gets that file's limits for its cell instead of its budget fraction."""
     seeds = sorted({s for m in args.methods for s in method_seeds(args, m)})
-    fixed = {cell: run["limits"] for cell, run in earlier_cells(args).items()}
+    fixed = earlier_cells(args)
 
     def cell(preset: str, fraction: float) -> dict[str, Any]:
-        if fixed:
-            return {"limits": fixed[(preset, fraction)]}
-        return {"budget_fraction": fraction}
+        if not fixed:
+            return {"budget_fraction": fraction}
+        earlier = fixed[(preset, fraction)]
+        there = (earlier.get("teacher_verify") or {}).get("measured")
+        if not there or args.allow_host_drift:
+            return {"limits": earlier["limits"]}
+        # The flow stops after timing the teacher if this host reads it >10% away.
+        return {"limits": earlier["limits"],
+                "limits_origin": {"from": Path(args.limits_from).name,
+                                  "teacher_measured": there}}
 
     return [{"label": run_label(preset, fraction, method, seed), "workload": preset,
              **cell(preset, fraction), "method": method,
@@ -369,6 +377,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="Run each cell under the limits an earlier comparison's JSON recorded "
                    "for it (not the budget fraction of this machine's cost model), so methods "
                    "added later join that file in one table.")
+    p.add_argument("--allow-host-drift", action="store_true",
+                   help="With --limits-from, run even where this host reads the teacher more "
+                   "than 10%% away from the host that set the limits (by default each run "
+                   "stops right after timing the teacher: the same limit would be another "
+                   "budget here).")
     p.add_argument("--options", default=None, help="More per-stage settings as JSON, merged "
                    'over the above, e.g. \'{"costmodel": {"n_probes": 8}}\'.')
     p.add_argument("--corpus", default=None, help="Corpus directory (default: the stdlib one).")
@@ -395,6 +408,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     write_json_atomic(out, data)
     print_table(data)  # with a line per cell whose carried limit crossed hosts
     log(f"wrote {out} ({data['wall_s']:.0f} s)")
+    refused = [p.error for p in sweep_report.points if p.error and HOST_REFUSAL in p.error]
+    if refused:
+        raise AutoCompressError(refused[0], hint="run at the budget fraction on this host and "
+                                "`autocompress bench retime` the earlier file under its "
+                                "limits, or pass --allow-host-drift")
     if args.report:
         from autocompress.report import write_report
 

@@ -1,8 +1,9 @@
 """The ``compress`` flow: one flow run = one compression run.
 
-    teacher ─► corpus ─► (1 profile ─► 2 cost model ─► 3 validate gate)
-                      ─► 4 importance ─► 5 search ─► 6 discretize/repair
-                      ─► 7 prune ─► 8 distill ─► 9 evaluate ─► 10 verify ─► 11 register
+    teacher ─► corpus ─► (1 profile ─► 2 cost model ─► 3 validate gate) ─► limits
+                      ─► 10 verify the teacher ─► 4 importance ─► 5 search
+                      ─► 6 discretize/repair ─► 7 prune ─► 8 distill ─► 9 evaluate
+                      ─► 10 verify ─► 11 register
     optional Minitron baseline: same importance and distillation budget, 7 → 10
 
 Each box is a ``Step`` below; a stage joins the pipeline by adding its line.
@@ -23,7 +24,7 @@ from typing import Any
 from prefect import flow
 
 from autocompress.errors import AutoCompressError
-from autocompress.limits import Limits
+from autocompress.limits import Limits, check_same_host
 from autocompress.stage_options import STAGE_CONFIGS, check_eval_config, check_options
 from autocompress.tracking import Lineage
 from flows.common import (
@@ -65,6 +66,8 @@ COMPRESS_STEPS: list[Step] = [
          workload="workload", options="validation_options"),                          # 3 gate
     Step("limits", resolve_limits, teacher="teacher", costmodel="costmodel",
          workload="workload", limits="limits", budget_fraction="budget_fraction"),
+    # The teacher is timed before the search: its reading checks carried limits early.
+    Step("teacher_verification", verify_model, model="teacher", **VERIFY),            # 10
     Step("importance", score_importance, teacher="teacher", corpus="corpus",
          options="importance_options"),                                               # 4
     Step("arch", search_arch, validation="validation", **SEARCH_INPUTS),              # 5+6
@@ -73,7 +76,6 @@ COMPRESS_STEPS: list[Step] = [
          options="distill_options"),                                                  # 8
     Step("teacher_eval", evaluate_model, model="teacher", **EVAL),                    # 9
     Step("evaluation", evaluate_model, model="model", **EVAL),
-    Step("teacher_verification", verify_model, model="teacher", **VERIFY),            # 10
     Step("verification", verify_model, model="model", **VERIFY),
 ]
 
@@ -204,6 +206,7 @@ def compress(
     track: bool = True,
     placement: dict[str, str] | None = None,
     trigger_event: str | None = None,
+    limits_origin: dict[str, Any] | None = None,
 ) -> FlowReport:
     """Compress ``teacher`` to meet ``limits`` on ``target`` for ``workload``.
 
@@ -234,6 +237,10 @@ def compress(
             steps run on a worker of that pool (served flows; see prefect.yaml).
         trigger_event: id of the Prefect event that started this run (set by the
             deployment's trigger); recorded in the MLflow run and the lineage.
+        limits_origin: where ``limits`` were set, ``{"from": name, "teacher_measured":
+            {metric: value}}`` (``bench compare --limits-from``): the run stops right after
+            timing the teacher if this host reads it more than 10% away
+            (``limits.check_same_host``), before any search or training.
     """
     from autocompress.paths import default_corpus_dir, resolve_model_dir
 
@@ -264,7 +271,13 @@ def compress(
             **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS},
         }
         steps, register_step, chain = steps_for_target(target, steps)
-        run_steps(steps, values, run, report, placement)
+        timed = [s.name for s in steps].index("teacher_verification") + 1
+        run_steps(steps[:timed], values, run, report, placement)
+        if limits_origin:
+            check_same_host(limits, values["teacher_verification"].metrics,
+                            limits_origin.get("teacher_measured") or {},
+                            where=limits_origin.get("from", "another run"))
+        run_steps(steps[timed:], values, run, report, placement)
         if baseline:
             run_steps(BASELINE_STEPS, values, run, report, placement)
         verification = values["verification"]

@@ -81,6 +81,39 @@ def test_limits_from_an_earlier_comparison_replace_the_budget_fraction(compare, 
         compare.sweep_runs(args)
 
 
+def test_carried_limits_take_the_teacher_reading_that_set_them_and_a_refusal_exits_2(
+        compare, tmp_path, monkeypatch):
+    """Each run under --limits-from carries the teacher's reading where its limits were set
+    (the flow stops after timing the teacher on a host >10% away); --allow-host-drift runs
+    anyway. A comparison whose runs were refused writes its JSON and exits with the cause."""
+    from autocompress.errors import AutoCompressError
+    from autocompress.limits import HOST_REFUSAL
+    from flows.sweep import SweepPoint, SweepReport
+
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": [{
+        "preset": "interactive-cpu", "budget_fraction": 0.5, "limits": {"max_tpot_ms": 3.0},
+        "teacher_verify": {"measured": {"tpot_ms": 6.0}}}]}))
+    argv = ["--presets", "interactive-cpu", "--budgets", "0.5", "--seeds", "0", "--methods",
+            "minitron", "--limits-from", str(earlier), "--json", str(tmp_path / "out.json")]
+    (run,) = compare.sweep_runs(compare.build_parser().parse_args(argv))
+    assert run["limits_origin"] == {"from": "earlier.json", "teacher_measured": {"tpot_ms": 6.0}}
+    (run,) = compare.sweep_runs(compare.build_parser().parse_args([*argv,
+                                                                   "--allow-host-drift"]))
+    assert "limits_origin" not in run and run["limits"] == {"max_tpot_ms": 3.0}
+
+    refusal = f"the limits from earlier.json were set where ... so {HOST_REFUSAL}"
+    refused = SweepPoint(label=run["label"], error=refusal,
+                         overrides={k: v for k, v in run.items() if k != "label"})
+    monkeypatch.setattr(compare, "run_sweep", lambda args: SweepReport(
+        points=[refused], score_metric="mc_mean", cost_metrics=["tpot_ms"]))
+    with pytest.raises(AutoCompressError, match=HOST_REFUSAL) as err:
+        compare.main(argv)
+    assert "--allow-host-drift" in err.value.hint
+    written = json.loads((tmp_path / "out.json").read_text())
+    assert written["runs"][0]["methods"]["minitron"]["failed"] == {"0": refusal}
+
+
 def _publish_json(store, tmp_path, name, data, kind):
     path = tmp_path / name
     path.write_text(json.dumps(data))
