@@ -26,9 +26,13 @@ def demo(
     re-running reuses every finished stage.
     """
     from autocompress.commands.pipeline import run
+    from autocompress.limits import Limits
 
-    run(teacher="default", target="cpu-local/hf-eager/fp32", workload=workload,
-        budget_fraction=budget_fraction, baseline=baseline, method="autocompress", seed=None,
+    # Every parameter of `run` is given: called as a function, an omitted typer option
+    # would arrive as its OptionInfo, not its default.
+    run(teacher="default", target=["cpu-local/hf-eager/fp32"], workload=workload,
+        limits=Limits(), budget_fraction=budget_fraction, budgets=None, baseline=baseline,
+        method="autocompress", seed=None,
         eval_tasks=None, eval_limit=eval_limit, register_as="autocompress-demo",
         no_register=False, store=None, experiment="autocompress-demo", no_track=False,
         refresh_cache=False,
