@@ -154,6 +154,9 @@ _LIMITS_HINT = ("limits are positive numbers, e.g. --max-tpot-ms 5 or a file "
 # budgets (hosts of one name here read the same teacher 2.7-5.3 ms, docs/results-history.md).
 HOST_DRIFT = 0.10
 HOST_REFUSAL = "the same limit is another budget on this host"  # check_same_host's words
+HOST_REFUSAL_HINT = ("run at the budget fraction on this host and re-time the earlier file's "
+                     "architectures under its limits (`autocompress bench retime`), or accept "
+                     "the drift (`bench compare --allow-host-drift`)")
 
 
 def host_drift(a: float, b: float, tolerance: float = HOST_DRIFT) -> bool:
@@ -175,6 +178,4 @@ def check_same_host(limits: Limits, teacher_here: Mapping[str, float],
                 f"the limits from {where} were set where the teacher read {metric} "
                 f"{there:.3g}; here it reads {here:.3g} ({here / there - 1:+.0%}), so "
                 + HOST_REFUSAL,
-                hint="run at the budget fraction on this host and re-time the earlier "
-                "file's architectures under its limits (`autocompress bench retime`), or "
-                "accept the drift (`bench compare --allow-host-drift`)")
+                hint=HOST_REFUSAL_HINT)

@@ -293,11 +293,15 @@ def teacher_reading(run: dict, metric: str) -> float | None:
     return ((run.get("teacher_verify") or {}).get("measured") or {}).get(metric)
 
 
+def _seed_reading(run: dict, entry: dict, metric: str) -> float | None:
+    """One seed's teacher reading: its own file's (merged cells), else the cell's."""
+    return (entry.get("teacher_measured") or {}).get(metric) or teacher_reading(run, metric)
+
+
 def teacher_readings(run: dict, seeds: list[dict], metric: str) -> list[float]:
     """The distinct teacher readings under which ``seeds`` ran (each seed's own file's, else
     the cell's), ascending."""
-    cell = teacher_reading(run, metric)
-    values = {(e.get("teacher_measured") or {}).get(metric) or cell for e in seeds} or {cell}
+    values = {_seed_reading(run, e, metric) for e in seeds} or {teacher_reading(run, metric)}
     return sorted(v for v in values if v)
 
 
@@ -312,7 +316,7 @@ def carried_reading(run: dict, metric: str) -> tuple[float, str] | None:
     carried = run.get("limits_carried") or {}
     then = ((carried.get("teacher_verify") or {}).get("measured") or {}).get(metric)
     now = teacher_reading(run, metric)
-    if not then or not now or not drifted(sorted([then, now])):
+    if not then or not now or not host_drift(then, now):
         return None
     return then, Path(carried.get("from", "?")).name
 
@@ -344,10 +348,6 @@ def _limit_text(run: dict, seeds: list[dict] | None = None) -> str:
     return ", ".join(parts)
 
 
-def _seed_reading(run: dict, entry: dict, metric: str) -> float | None:
-    return (entry.get("teacher_measured") or {}).get(metric) or teacher_reading(run, metric)
-
-
 def _pair_drift(run: dict, metric: str, base: str) -> list[str]:
     """Each seed s of a method that ran on a host more than ``HOST_DRIFT`` away from the
     baseline's seed s (their paired difference then mixes two budgets)."""
@@ -359,7 +359,7 @@ def _pair_drift(run: dict, metric: str, base: str) -> list[str]:
                   _seed_reading(run, base_seeds[_seed_of(e)], metric))
                  for e in m["seeds"] if name != base and _seed_of(e) in base_seeds]
         out += [f"{method_label(name)} seed {s} {a:.3g} against {b:.3g}"
-                for s, a, b in pairs if a and b and drifted(sorted([a, b]))]
+                for s, a, b in pairs if a and b and host_drift(a, b)]
     return out
 
 

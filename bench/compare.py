@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.errors import AutoCompressError
-from autocompress.limits import HOST_REFUSAL
+from autocompress.limits import HOST_REFUSAL, HOST_REFUSAL_HINT
 
 PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
 METHODS = ("autocompress", "minitron", "greedy", "random")  # flows.compress.METHODS
@@ -284,11 +284,12 @@ def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict
         run = runs.setdefault((preset, fraction), {
             "preset": preset, "budget_fraction": fraction,
             "main_metric": get_workload(preset).main_metric,
-            "distill_tokens": distill_tokens(args, fraction), "methods": {}})
-        if carried:  # where the limits were set, and the teacher's reading there
-            run["limits_carried"] = {
+            "distill_tokens": distill_tokens(args, fraction), "methods": {},
+            # where the limits were set, and the teacher's reading there
+            **({"limits_carried": {
                 "from": args.limits_from,
-                "teacher_verify": carried[(preset, fraction)].get("teacher_verify")}
+                "teacher_verify": carried[(preset, fraction)].get("teacher_verify")}}
+               if carried else {})})
         method = run["methods"].setdefault(point.overrides["method"],
                                            {"seeds": [], "failed": {}})
         if point.error is not None:
@@ -410,9 +411,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     log(f"wrote {out} ({data['wall_s']:.0f} s)")
     refused = [p.error for p in sweep_report.points if p.error and HOST_REFUSAL in p.error]
     if refused:
-        raise AutoCompressError(refused[0], hint="run at the budget fraction on this host and "
-                                "`autocompress bench retime` the earlier file under its "
-                                "limits, or pass --allow-host-drift")
+        # The sweep keeps a failed run's message only; the hint is check_same_host's.
+        raise AutoCompressError(refused[0], hint=HOST_REFUSAL_HINT)
     if args.report:
         from autocompress.report import write_report
 
