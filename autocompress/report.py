@@ -167,9 +167,30 @@ def merge_compares(datas: list[dict[str, Any]]) -> dict[str, Any]:
         settings["seeds"] = seeds
     return {**first, "runs": runs, "settings": settings,
             "created": max(d.get("created", "") for d in datas),
-            "reduced": any(d.get("reduced") for d in datas),
+            "reduced": any(d.get("reduced") for d in datas) and not covers_full_grid(runs),
             "wall_s": sum(d.get("wall_s", 0) for d in datas), "invocations": len(datas),
             "not_run": [n for d in datas for n in d.get("not_run", [])]}
+
+
+# What issue 19 asks of a teacher's grid: every method at three seeds or more in every cell,
+# and two budgets of every preset. Files run one method or one cell at a time are each
+# "reduced"; together they may be the whole grid.
+FULL_GRID_SEEDS = 3
+FULL_GRID_BUDGETS = 2
+
+
+def covers_full_grid(runs: list[dict[str, Any]]) -> bool:
+    """Whether ``runs`` (cells of one teacher and target) hold every method of
+    ``METHOD_LABELS`` at ``FULL_GRID_SEEDS`` seeds in each cell, and ``FULL_GRID_BUDGETS``
+    budgets of each preset."""
+    budgets: dict[str, set] = {}
+    for run in runs:
+        budgets.setdefault(run["preset"], set()).add(run["budget_fraction"])
+        methods = methods_of(run)
+        if any(len(methods.get(m, {}).get("seeds", [])) < FULL_GRID_SEEDS
+               for m in METHOD_LABELS):
+            return False
+    return bool(budgets) and all(len(b) >= FULL_GRID_BUDGETS for b in budgets.values())
 
 
 def _stamp_teacher_reading(run: dict[str, Any]) -> dict[str, Any]:
@@ -592,6 +613,8 @@ def readme_table(data: dict) -> str:
         note += "\n_Methods from several runs, paired under the same limits: " + "; ".join(
             sources) + "._"
     note += "".join(f"\n_Host drift: {n}_" for n in host_drift_notes(data))
+    if data.get("invocations", 1) > 1:
+        note += f"\n_{_grid_wall_text(data)}._"
     if data.get("reduced"):
         note += "\n_REDUCED comparison (fewer presets, budgets or seeds than the issue asks)._"
     if data.get("synthetic"):
@@ -1086,6 +1109,16 @@ def _wall_text(data: dict) -> str:
     runs = data.get("invocations", 1)
     which = "the last invocation" if runs == 1 else f"its {runs} invocations, summed,"
     return f"wall time of {which} {data.get('wall_s', 0):.0f} s"
+
+
+def _grid_wall_text(data: dict) -> str:
+    """The cost of a table built from several runs: their summed wall time and the compute
+    of every model in it (what an uncached run of the same grid would spend, less timing
+    and the cost model's fit)."""
+    cores = (data.get("machine") or {}).get("cores")
+    return (f"Wall time: {data.get('invocations')} runs, {data.get('wall_s', 0) / 3600:.1f} h "
+            f"summed{f' on {cores} cores' if cores else ''}; search, distillation and "
+            f"evaluation of every model in the table {compute_seconds(data) / 3600:.1f} h")
 
 
 def _provenance(data: dict) -> str:

@@ -297,6 +297,30 @@ def test_a_reduced_comparison_is_labelled():
     assert text.count("| AutoCompress |") == 2 and "seeds 0, 1, 2" in text
 
 
+def test_files_that_together_hold_the_whole_grid_are_not_labelled_reduced():
+    """Each file ran part of the grid (reduced); merged, the label goes only when every cell
+    has all four methods at three seeds and every preset two budgets; the table then says
+    what the grid cost."""
+    def part(methods: tuple[str, ...]) -> dict:
+        data = _synthetic(minitron_wins=False, seeds=3)
+        for run in data["runs"]:
+            entry = run["methods"]["autocompress"]
+            run["methods"] = {m: json.loads(json.dumps(entry)) for m in methods}
+        return {**data, "reduced": True, "wall_s": 1800.0, "machine": {"cores": 2}}
+
+    halves = [part(("autocompress", "minitron")), part(("greedy", "random"))]
+    merged = report.merge_compares(halves)
+    assert not merged["reduced"] and report.covers_full_grid(merged["runs"])
+    table = report.readme_table(merged)
+    assert "REDUCED" not in table and "Wall time: 2 runs, 1.0 h summed on 2 cores" in table
+    assert report.merge_compares([halves[0], part(("greedy",))])["reduced"]  # no random
+    one_seed_short = part(("greedy", "random"))
+    one_seed_short["runs"][0]["methods"]["random"]["seeds"].pop()
+    assert report.merge_compares([halves[0], one_seed_short])["reduced"]
+    one_budget = [{**d, "runs": d["runs"][:1]} for d in halves]
+    assert report.merge_compares(one_budget)["reduced"]
+
+
 def test_final_picks_say_whether_the_ranking_after_pruning_agreed():
     data = _synthetic(minitron_wins=True, seeds=1)
     entry = data["runs"][1]["methods"]["autocompress"]["seeds"][0]
