@@ -1113,8 +1113,8 @@ def _wall_text(data: dict) -> str:
 
 def _grid_wall_text(data: dict) -> str:
     """The cost of a table built from several runs: their summed wall time and the compute
-    of every model in it (what an uncached run of the same grid would spend, less timing
-    and the cost model's fit)."""
+    of every model in it, as each stage recorded it (what an uncached run of the same grid
+    would spend, less the teacher's stages, the cost model's fit and the verify timings)."""
     cores = (data.get("machine") or {}).get("cores")
     return (f"Wall time: {data.get('invocations')} runs, {data.get('wall_s', 0) / 3600:.1f} h "
             f"summed{f' on {cores} cores' if cores else ''}; search, distillation and "
