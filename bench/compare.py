@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.errors import AutoCompressError
-from autocompress.limits import HOST_REFUSAL, HOST_REFUSAL_HINT
+from autocompress.limits import HOST_DRIFT, HOST_REFUSAL, HOST_REFUSAL_HINT
 
 PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
 METHODS = ("autocompress", "minitron", "greedy", "random")  # flows.compress.METHODS
@@ -115,7 +115,7 @@ def sweep_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
         there = (earlier.get("teacher_verify") or {}).get("measured")
         if not there or args.allow_host_drift:
             return {"limits": earlier["limits"]}
-        # The flow stops after timing the teacher if this host reads it >10% away.
+        # The flow stops after timing the teacher if this host reads it HOST_DRIFT away.
         return {"limits": earlier["limits"],
                 "limits_origin": {"from": Path(args.limits_from).name,
                                   "teacher_measured": there}}
@@ -380,7 +380,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    "added later join that file in one table.")
     p.add_argument("--allow-host-drift", action="store_true",
                    help="With --limits-from, run even where this host reads the teacher more "
-                   "than 10%% away from the host that set the limits (by default each run "
+                   f"than {HOST_DRIFT * 100:.0f}%% away from the host that set the limits (by "
+                   "default each run "
                    "stops right after timing the teacher: the same limit would be another "
                    "budget here).")
     p.add_argument("--options", default=None, help="More per-stage settings as JSON, merged "
