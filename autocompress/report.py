@@ -754,19 +754,37 @@ def _headroom_text(v: dict) -> str:
     return text
 
 
-def compute_seconds(data: dict) -> float:
-    """Seconds of search, distillation and evaluation behind ``data``, as each stage
-    recorded them when it ran (so a resumed comparison still counts its cached stages)."""
-    total = data.get("teacher", {}).get("scores", {}).get("seconds") or 0.0
+def compute_parts(data: dict) -> dict[str, float]:
+    """Seconds of search, distillation and evaluation (the teacher's included) behind
+    ``data``, as each stage recorded them when it ran (so a resumed comparison still counts
+    its cached stages). Of the search, also the part the structured searches record as their
+    short list's distillation and timing on the target (``short_distill``, ``timing``)
+    and the baseline's whole search, which records one total (``baseline_search``)."""
+    parts = dict.fromkeys(("search", "short_distill", "timing", "baseline_search",
+                           "distill"), 0.0)
+    parts["evaluation"] = data.get("teacher", {}).get("scores", {}).get("seconds") or 0.0
     for run in data.get("runs", []):
-        for m in methods_of(run).values():
+        for name, m in methods_of(run).items():
             for e in m["seeds"]:
                 search = e.get("search_seconds")
-                total += (search.get("total", 0.0) if isinstance(search, dict)
-                          else search or 0.0)
-                total += (e.get("distill") or {}).get("seconds") or 0.0
-                total += e.get("scores", {}).get("seconds") or 0.0
-    return total
+                if isinstance(search, dict):
+                    parts["search"] += search.get("total", 0.0)
+                    pick = search.get("final_pick") or {}
+                    parts["short_distill"] += pick.get("short_distill", 0.0)
+                    parts["timing"] += pick.get("timing_on_target", 0.0)
+                else:
+                    parts["search"] += search or 0.0
+                    if name == baseline_of(data):
+                        parts["baseline_search"] += search or 0.0
+                parts["distill"] += (e.get("distill") or {}).get("seconds") or 0.0
+                parts["evaluation"] += e.get("scores", {}).get("seconds") or 0.0
+    return parts
+
+
+def compute_seconds(data: dict) -> float:
+    """Seconds of search, distillation and evaluation behind ``data`` (``compute_parts``)."""
+    parts = compute_parts(data)
+    return parts["search"] + parts["distill"] + parts["evaluation"]
 
 
 def _seeds_text(v: dict, paired: dict) -> str:
@@ -1116,9 +1134,19 @@ def _grid_wall_text(data: dict) -> str:
     of every model in it, as each stage recorded it (what an uncached run of the same grid
     would spend, less the teacher's stages, the cost model's fit and the verify timings)."""
     cores = (data.get("machine") or {}).get("cores")
+    h = {k: v / 3600 for k, v in compute_parts(data).items()}
+    of_search = []  # only what the runs recorded (older files keep one total per search)
+    if h["baseline_search"]:
+        of_search.append(f"{method_label(baseline_of(data))}'s {h['baseline_search']:.1f} h")
+    if h["short_distill"] or h["timing"]:
+        of_search.append(f"short distillations {h['short_distill']:.1f} h and timing on the "
+                         f"target {h['timing']:.1f} h, where the other searches record them")
     return (f"Wall time: {data.get('invocations')} runs, {data.get('wall_s', 0) / 3600:.1f} h "
             f"summed{f' on {cores} cores' if cores else ''}; search, distillation and "
-            f"evaluation of every model in the table {compute_seconds(data) / 3600:.1f} h")
+            f"evaluation of every model in the table {compute_seconds(data) / 3600:.1f} h: "
+            f"search {h['search']:.1f} h"
+            + (f" ({'; '.join(of_search)})" if of_search else "")
+            + f", distillation {h['distill']:.1f} h, evaluation {h['evaluation']:.1f} h")
 
 
 def _provenance(data: dict) -> str:

@@ -321,6 +321,32 @@ def test_files_that_together_hold_the_whole_grid_are_not_labelled_reduced():
     assert report.merge_compares(one_budget)["reduced"]
 
 
+def test_the_grid_cost_is_split_into_search_distillation_and_evaluation():
+    """The parts add up to the compute the report states; the baseline's search records one
+    total, the others' split out their short list's distillation and timing."""
+    data = _synthetic(minitron_wins=False, seeds=1)
+    data["teacher"]["scores"]["seconds"] = 360.0
+    for run in data["runs"]:
+        for name, m in run["methods"].items():
+            e = m["seeds"][0]
+            e["distill"], e["scores"]["seconds"] = {"seconds": 900.0}, 180.0
+            e["search_seconds"] = (1800.0 if name == "minitron" else
+                                   {"total": 1440.0, "final_pick": {"short_distill": 720.0,
+                                                                    "timing_on_target": 360.0}})
+    parts = report.compute_parts(data)
+    assert parts == {"search": 6480.0, "short_distill": 1440.0, "timing": 720.0,
+                     "baseline_search": 3600.0, "distill": 3600.0, "evaluation": 1080.0}
+    assert report.compute_seconds(data) == 6480.0 + 3600.0 + 1080.0
+    text = report._grid_wall_text({**data, "invocations": 2, "wall_s": 7200.0})
+    assert text.endswith("3.1 h: search 1.8 h (Minitron's 1.0 h; short distillations 0.4 h "
+                         "and timing on the target 0.2 h, where the other searches record "
+                         "them), distillation 1.0 h, evaluation 0.3 h")
+    for run in data["runs"]:  # an older file: one total per search, nothing split out
+        run["methods"]["autocompress"]["seeds"][0]["search_seconds"] = 1440.0
+    assert "search 1.8 h (Minitron's 1.0 h), distillation" in report._grid_wall_text(
+        {**data, "invocations": 2})
+
+
 def test_final_picks_say_whether_the_ranking_after_pruning_agreed():
     data = _synthetic(minitron_wins=True, seeds=1)
     entry = data["runs"][1]["methods"]["autocompress"]["seeds"][0]
