@@ -18,8 +18,9 @@ The JSON form is deliberately small so users and other tools can write it::
 from __future__ import annotations
 
 import json
+import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,6 +33,64 @@ from autocompress.errors import AutoCompressError
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "autocompress_hetero")
 
 
+# Ceilings for the shape fields of an untrusted config, checked before anything is
+# built from them: far above any released decoder (about 128 layers, 128 heads, a
+# 30k hidden size, a 256k vocabulary), far below what would exhaust memory.
+SHAPE_LIMITS = {
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "head_dim": 1 << 14,
+    "vocab_size": 1 << 22,
+    "max_position_embeddings": 1 << 24,
+}
+MAX_COUNT = max(SHAPE_LIMITS.values())  # any count in an ArchSpec
+MAX_FFN_MULT = 64.0  # DeciLM's ffn_mult: the MLP width over the hidden size, times 1.5
+
+
+def check_shape_fields(values: Mapping[str, Any], where: str,
+                       required: Iterable[str] = ()) -> None:
+    """Refuse a config whose shape fields are not whole numbers within ``SHAPE_LIMITS``.
+
+    Run on untrusted configs before anything is allocated from them: a
+    ``num_hidden_layers`` of 1e9 would otherwise build a billion-entry layer
+    list, a 0 divide by zero, a NaN or a string raise deep inside transformers.
+    Fields that are absent or null are left to the reader's defaults, except the
+    ``required`` ones.
+    """
+    for name, ceiling in SHAPE_LIMITS.items():
+        value = values.get(name)
+        if value is None and name not in required:
+            continue
+        if not _whole_in_range(value, ceiling):
+            raise AutoCompressError(
+                f"{where}: {name} must be a whole number, at least 1 and at most {ceiling} "
+                f"(got {value!r})",
+                "the config is corrupt or not a model this tool reads; fix it, or re-save "
+                "the model with save_pretrained")
+
+
+def check_ffn_mult(value: Any, where: str) -> float:
+    """A DeciLM ``ffn_mult``: a finite number in (0, ``MAX_FFN_MULT``]."""
+    ok = (isinstance(value, int | float) and not isinstance(value, bool)
+          and math.isfinite(value) and 0 < value <= MAX_FFN_MULT)
+    if not ok:
+        raise AutoCompressError(
+            f"{where}: ffn_mult must be a number above 0 and at most {MAX_FFN_MULT:g} "
+            f"(got {value!r})", "fix the config's block_configs")
+    return float(value)
+
+
+def _whole_in_range(value: Any, ceiling: int) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return False
+    return 1 <= value <= ceiling
+
+
 def _not_bool(value: Any) -> Any:
     # JSON ``true`` would otherwise pass as the integer 1.
     if isinstance(value, bool):
@@ -39,7 +98,7 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-Count = Annotated[int, BeforeValidator(_not_bool), Field(ge=1)]
+Count = Annotated[int, BeforeValidator(_not_bool), Field(ge=1, le=MAX_COUNT)]
 
 
 class AttentionSpec(BaseModel):
@@ -86,7 +145,7 @@ class ArchSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     hidden_size: Count
-    layers: list[LayerSpec]
+    layers: list[LayerSpec] = Field(max_length=SHAPE_LIMITS["num_hidden_layers"])
     # Optional in hand-written JSON; ``complete_from`` takes them from the teacher.
     head_dim: Count | None = None
     vocab_size: Count | None = None
@@ -461,6 +520,10 @@ def _layer_errors(layer: LayerSpec, gran: Granularity, tp: int = 1) -> Iterable[
 
 
 def _spec_from_llama_family(config: Any, model_type: str) -> ArchSpec:
+    fields = {name: getattr(config, name, None) for name in SHAPE_LIMITS}
+    check_shape_fields(fields, f"the {model_type} config", required=(
+        "num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size",
+        "vocab_size"))
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

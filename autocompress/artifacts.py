@@ -223,10 +223,14 @@ class LocalStore(Store):
         ref = ArtifactRef(uri=dest.as_uri(), sha256=sha, kind=kind, size_bytes=_size(src),
                           metrics=metrics or {}, meta=meta or {})
         manifest_path = dest.with_name(dest.name + MANIFEST_SUFFIX)
-        if _read_json(manifest_path).get("sha256") == sha and dest.exists():
+        # Content-addressed: the same bytes may be published already. They are reused
+        # only once re-hashed: a manifest vouches for what was written, not for what
+        # is on disk now, and a corrupt entry is replaced by the good bytes.
+        if (_read_json(manifest_path).get("sha256") == sha and dest.exists()
+                and sha256_path(dest) == sha):
             if move:
                 remove_path(src)
-            return ref  # content-addressed: the same bytes are already published
+            return ref
         _put_in_place(src, dest, move)
         write_json_atomic(manifest_path, _manifest(ref, digests, src.is_dir()), indent=None)
         return ref

@@ -10,13 +10,20 @@ leaves at most a hidden ``.NAME.tmp-*`` sibling that nobody trusts.
 Output directories chosen by the user follow one rule (``check_out_dir``): an
 existing non-empty directory is replaced only with ``--overwrite``, and never
 the working directory, one of its parents, the home directory or ``/`` — a
-user's files are not deleted by accident.
+user's files are not deleted by accident. Symbolic links are resolved before
+that check, an output is never one of the command's inputs (``check_not_input``),
+and the directory is claimed with an advisory lock (``claim_output``) so that a
+second run into it is refused at its start, not after its work. A temporary left
+by a killed process is removed by the next write to the same name.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -28,12 +35,16 @@ from autocompress.errors import AutoCompressError
 
 __all__ = [
     "atomic_path",
+    "check_not_input",
     "check_out_dir",
     "check_out_file",
+    "claim_output",
     "fsync_tree",
     "publish_dir",
     "publishing_dir",
+    "release_output",
     "remove_path",
+    "remove_stale_temporaries",
     "temp_sibling",
     "write_bytes_atomic",
     "write_json_atomic",
@@ -49,6 +60,44 @@ def temp_sibling(path: str | Path, tag: str = "tmp") -> Path:
     """
     path = Path(path)
     return path.with_name(f".{path.stem}.{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}{path.suffix}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, but belongs to someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Remove the temporaries of ``path`` that a killed process left behind.
+
+    ``temp_sibling`` names carry the writer's pid: a ``.NAME.tmp-PID-*`` whose
+    process is gone is garbage (a SIGKILL skips every ``finally``), so the next
+    write to ``path`` deletes it. A ``.NAME.old-PID-*`` (the previous content,
+    renamed aside during a publish) is removed only when ``path`` itself exists,
+    since otherwise it is the only copy left.
+    """
+    path = Path(path)
+    pattern = re.compile(rf"^\.{re.escape(path.stem)}\.(tmp|old)-(\d+)-[0-9a-f]{{8}}"
+                         rf"{re.escape(path.suffix)}$")
+    removed = []
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:  # no parent yet: nothing to clean
+        return removed
+    for sibling in siblings:
+        match = pattern.match(sibling.name)
+        if match is None or _pid_alive(int(match.group(2))):
+            continue
+        if match.group(1) == "old" and not path.exists():
+            continue
+        remove_path(sibling)
+        removed.append(sibling)
+    return removed
 
 
 def _fsync_file(path: Path) -> None:
@@ -107,6 +156,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     tmp = temp_sibling(path)
     try:
         yield tmp
@@ -132,9 +182,23 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 def write_json_atomic(path: str | Path, data: Any, *, indent: int | None = 2,
                       sort_keys: bool = False) -> Path:
-    """Write ``data`` as JSON (non-JSON values as ``str``) atomically, newline-terminated."""
-    text = json.dumps(data, indent=indent, sort_keys=sort_keys, default=str)
+    """Write ``data`` as strict JSON (non-JSON values as ``str``, NaN/±inf as ``null``)
+    atomically, newline-terminated: ``Infinity`` and ``NaN`` are not JSON, and other
+    tools refuse files holding them."""
+    text = json.dumps(finite_json(data), indent=indent, sort_keys=sort_keys, default=str,
+                      allow_nan=False)
     return write_text_atomic(path, text + "\n")
+
+
+def finite_json(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, ±inf) replaced by None (JSON ``null``)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: finite_json(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(value) for value in data]
+    return data
 
 
 # ---------------------------------------------------------------- directories
@@ -156,31 +220,117 @@ def check_out_dir(out: str | Path, overwrite: bool = False) -> Path:
 
     Missing or empty: fine. Non-empty: only with ``overwrite``. A file, the
     working directory (``--out .``), a parent of it, ``~`` or ``/``: never.
-    Call it before long work, so a run does not fail at the end.
+    Symbolic links are followed first, so the rules apply to what would really
+    be replaced. The directory is then claimed for this process (``claim_output``)
+    until it is published. Call it before long work, so a run does not fail at
+    the end. Returns the resolved path.
     """
-    out = Path(out)
+    out = _resolved(out)
     if out.exists() and not out.is_dir():
         raise AutoCompressError(f"--out {out} exists and is a file, not a directory",
                                 "pass a directory path that does not exist yet")
-    if not out.exists():
-        return out
-    reason = _protected(out)
-    if reason is not None:
-        raise AutoCompressError(f"refusing to write the output into {out}: {reason}",
-                                "pass a new directory, e.g. --out ./compressed")
-    if any(out.iterdir()) and not overwrite:
-        raise AutoCompressError(f"--out {out} exists and is not empty",
-                                "pass another --out, or --overwrite to replace it")
+    if out.exists():
+        reason = _protected(out)
+        if reason is not None:
+            raise AutoCompressError(f"refusing to write the output into {out}: {reason}",
+                                    "pass a new directory, e.g. --out ./compressed")
+        if any(out.iterdir()) and not overwrite:
+            raise AutoCompressError(f"--out {out} exists and is not empty",
+                                    "pass another --out, or --overwrite to replace it")
+    claim_output(out)
     return out
 
 
-def check_out_file(out: str | Path) -> Path:
-    """Refuse a file output that names an existing directory (before any work)."""
-    out = Path(out)
+def check_out_file(out: str | Path, flag: str = "--out") -> Path:
+    """Refuse a file output that names an existing directory (before any work).
+
+    Symbolic links are followed first; returns the resolved path.
+    """
+    out = _resolved(out)
     if out.is_dir():
-        raise AutoCompressError(f"--out {out} is a directory; a file name is needed here",
-                                f"e.g. --out {out / 'arch.json'}")
+        raise AutoCompressError(f"{flag} {out} is a directory; a file name is needed here",
+                                f"e.g. {flag} {out / 'result.json'}")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise AutoCompressError(f"{flag} {out}: {out.parent} is a file, not a directory",
+                                f"pass a {flag} path inside a directory")
     return out
+
+
+def check_not_input(out: str | Path, *inputs: str | Path, flag: str = "--out") -> None:
+    """Refuse an output that is one of the command's inputs, inside one, or holds one.
+
+    ``export --model M --out M --overwrite`` would otherwise delete the model it
+    is reading (and the records kept beside it). Links are resolved first.
+    """
+    target = _resolved(out)
+    for source in inputs:
+        if source is None or not Path(source).exists():
+            continue  # a named teacher or hub id: not a path the output can hit
+        src = _resolved(source)
+        if target == src or src in target.parents or target in src.parents:
+            raise AutoCompressError(
+                f"{flag} {out} would replace the input {source} (an input is never its own "
+                "output)", f"pass a {flag} outside {src}")
+
+
+def _resolved(path: str | Path) -> Path:
+    """``path`` with ``~`` expanded and every symbolic link followed (dangling ones too)."""
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+# ---------------------------------------------------------------- output locks
+
+# Outputs this process has claimed: resolved path -> (lock file, its open descriptor).
+_CLAIMS: dict[Path, tuple[Path, int]] = {}
+
+
+def _lock_file(out: Path) -> Path:
+    # Beside the output, not inside it: the output may not exist yet and is replaced whole.
+    return out.with_name(f".{out.name}.lock")
+
+
+def claim_output(out: str | Path) -> None:
+    """Take an advisory lock (``fcntl.flock``) on an output or work directory.
+
+    A second process asking for the same directory is refused at once, before
+    its work, with exit code 2. The lock belongs to this process: claiming again
+    is a no-op, and it ends at ``release_output`` or when the process exits
+    (a killed run never leaves a stale lock behind).
+    """
+    out = _resolved(out)
+    if out in _CLAIMS or os.environ.get("RANK", "0") != "0":
+        return  # under torchrun the other ranks are the same run: rank 0 holds the lock
+    lock = _lock_file(out)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise AutoCompressError(
+                f"another run is writing into {out} (it holds {lock})",
+                "wait for it to finish, or pass another --out") from None
+        # The holder before us may have deleted the file between our open and our
+        # lock: then we hold a lock on a name nobody sees, so try again.
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            _CLAIMS[out] = (lock, fd)
+            return
+        os.close(fd)
+
+
+def release_output(out: str | Path) -> None:
+    """End this process's claim on ``out`` (nothing if it holds none)."""
+    claim = _CLAIMS.pop(_resolved(out), None)
+    if claim is None:
+        return
+    lock, fd = claim
+    lock.unlink(missing_ok=True)  # while still locked, so no one else is mid-claim on it
+    os.close(fd)
 
 
 def publish_dir(src: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
@@ -191,8 +341,8 @@ def publish_dir(src: str | Path, out: str | Path, *, overwrite: bool = False) ->
     the process dies between the two renames, the old content is still on disk
     as ``.NAME.old-*`` next to it.
     """
-    src, out = Path(src), Path(out)
-    check_out_dir(out, overwrite)
+    src = Path(src)
+    out = check_out_dir(out, overwrite)
     fsync_tree(src)
     old = None
     if out.exists():
@@ -205,6 +355,7 @@ def publish_dir(src: str | Path, out: str | Path, *, overwrite: bool = False) ->
     _fsync_dir(out.parent)
     if old is not None:
         remove_path(old)
+    release_output(out)
     return out
 
 
@@ -222,6 +373,7 @@ def publishing_dir(out: str | Path, *, overwrite: bool = False) -> Iterator[Path
     """
     out = check_out_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
     tmp = temp_sibling(out)
     tmp.mkdir()
     try:
@@ -229,3 +381,4 @@ def publishing_dir(out: str | Path, *, overwrite: bool = False) -> Iterator[Path
         publish_dir(tmp, out, overwrite=overwrite)
     finally:
         remove_path(tmp)
+        release_output(out)  # written or failed: this process is done with ``out``

@@ -2,19 +2,28 @@
 
 Each area of the library keeps its commands in ``autocompress/commands/<area>.py``
 and exposes ``register(app)``; this module only assembles them and turns
-``AutoCompressError`` into a one-line message and exit code 2.
+``AutoCompressError`` into a one-line message and exit code 2 (any other
+exception into one line, a log file with the traceback and exit code 3).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Callable
 
 import typer
 
-from autocompress.errors import AutoCompressError, invalid_input
+from autocompress.errors import (
+    EXIT_INTERNAL,
+    EXIT_USAGE,
+    AutoCompressError,
+    from_os_error,
+    invalid_input,
+    write_crash_log,
+)
 
 # Order is the order of ``--help``: pipeline order.
 COMMAND_MODULES = [
@@ -52,17 +61,22 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    """Entry point: run the app, report user errors in one line."""
+    """Entry point: run the app; exit 0 ok, 1 a limit missed, 2 bad input, 3 a bug."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     # Not HF_HUB_OFFLINE: a hub id (org/name) given by the user is fetched where a
     # network exists; named teachers and local directories never touch the hub.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # `ulimit -f` kills a process with SIGXFSZ unless it is ignored; ignored, the
+    # write fails with EFBIG and becomes the one-line "disk" error below.
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     report_errors(app)
 
 
 def report_errors(entry: Callable[[], object]) -> None:
-    """Run ``entry`` (the app, or a bench script's ``main``); a user error becomes one
-    line with its hint and exit code 2."""
+    """Run ``entry`` (the app, or a bench script's ``main``): a user error becomes one
+    line with its hint and exit code 2; any other exception one line, a log file with
+    its traceback and exit code 3 (so that a crash never reads as verify's exit 1)."""
     from pydantic import ValidationError
 
     try:
@@ -71,6 +85,13 @@ def report_errors(entry: Callable[[], object]) -> None:
         _report(invalid_input(err, f"{err.title} settings"))
     except AutoCompressError as err:
         _report(err)
+    except OSError as err:
+        disk = from_os_error(err)
+        if disk is None:
+            _crash(err)
+        _report(disk)
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, a log
+        _crash(err)
 
 
 def _report(err: AutoCompressError) -> None:
@@ -78,7 +99,16 @@ def _report(err: AutoCompressError) -> None:
     typer.secho(f"error: {err.message}", fg="red", err=True)
     if err.hint:
         typer.secho(f"hint: {err.hint}", err=True)
-    sys.exit(2)
+    sys.exit(EXIT_USAGE)
+
+
+def _crash(err: BaseException) -> None:
+    """An internal error: its one-line cause, where the traceback is, exit code 3."""
+    log = write_crash_log(err)
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    typer.secho(f"error: internal error: {type(err).__name__}: {first}", fg="red", err=True)
+    typer.secho(f"hint: this is a bug in AutoCompress; the traceback is in {log}", err=True)
+    sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

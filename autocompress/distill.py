@@ -17,10 +17,18 @@ run directory layout:
   ``distill.json``), published atomically when the run finishes;
 - ``work_dir`` (default ``<out_dir>.work``) — checkpoints and the run's config,
   so an interrupted run resumes; removed after success unless asked to keep it.
+
+Both directories are claimed with an advisory lock at the start, so a second
+run into the same ``out_dir`` is refused before it trains. The work files carry
+the fingerprint of the run that wrote them (its settings, the teacher, the
+student's shape and the data): another run's checkpoints are never resumed, and
+a ``reference_eval.json`` is reused only together with the checkpoint of its own
+run (a stale one, e.g. from a killed run of another student, is recomputed).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -33,7 +41,14 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress import distributed, paths
-from autocompress.atomic import check_out_dir, publishing_dir, remove_path, write_json_atomic
+from autocompress.atomic import (
+    check_out_dir,
+    claim_output,
+    publishing_dir,
+    release_output,
+    remove_path,
+    write_json_atomic,
+)
 from autocompress.errors import AutoCompressError
 from autocompress.hardware import machine_summary
 from autocompress.losses import kd_loss
@@ -338,8 +353,23 @@ def distill(
     finished = _finished_run(out_dir, work_dir, config) if resume else None
     if finished is not None:
         return finished
-    check_out_dir(out_dir, overwrite)  # before the work, not after it
-    _prepare_work_dir(work_dir, config, resume, ctx)
+    check_out_dir(out_dir, overwrite)  # before the work, not after it (and locks it)
+    claim_output(work_dir)  # a second run into the same --out is refused here, not later
+    try:
+        return _distill_claimed(teacher, student, data, config, out_dir, work_dir, own_work_dir,
+                                tokenizer, resume, on_step, teacher_id, outputs_dir, overwrite,
+                                ctx)
+    finally:
+        release_output(work_dir)
+        release_output(out_dir)
+
+
+def _distill_claimed(teacher, student, data: DistillData, config: DistillConfig,
+                     out_dir: Path, work_dir: Path, own_work_dir: bool, tokenizer, resume: bool,
+                     on_step, teacher_id, outputs_dir, overwrite: bool, ctx) -> DistillResult:
+    """``distill`` once its output and work directories are claimed."""
+    fingerprint = run_fingerprint(teacher, student, data, config, teacher_id)
+    resuming = _prepare_work_dir(work_dir, config, resume, ctx, fingerprint)
 
     layer_map = _layer_map(teacher, student, config)
     student_cls = type(student)
@@ -353,7 +383,8 @@ def distill(
     was_training = teacher.training
     try:
         state, reference, run_info = _run(teacher, module, data, config, work_dir, layer_map,
-                                          device, fsdp, ctx, on_step, teacher_id, outputs_dir)
+                                          device, fsdp, ctx, on_step, teacher_id, outputs_dir,
+                                          fingerprint, resuming)
     finally:
         for param, flag in zip(teacher.parameters(), trainable, strict=True):
             param.requires_grad_(flag)
@@ -374,14 +405,18 @@ def distill(
 
 
 def _run(teacher, module, data: DistillData, config: DistillConfig, work_dir: Path,
-         layer_map: dict[int, int], device, fsdp: bool, ctx, on_step, teacher_id, outputs_dir):
-    """Reference scores, then the training loop; returns (TrainState, reference, run info)."""
+         layer_map: dict[int, int], device, fsdp: bool, ctx, on_step, teacher_id, outputs_dir,
+         fingerprint: str, resuming: bool):
+    """Reference scores, then the training loop; returns (TrainState, reference, run info).
+
+    ``fingerprint``: this run's (``run_fingerprint``); ``resuming``: its own
+    checkpoint is continued, so its saved reference scores may be reused."""
     teacher = _place_teacher(teacher, device, fsdp, ctx)
     eval_batches = _eval_batches(data.heldout, config.eval_batches, config.batch_size)
     eval_fn = make_eval_fn(teacher, eval_batches, device) if eval_batches else None
     # The untrained student is scored before FSDP shards it only without FSDP.
     reference = _reference_evals(work_dir, teacher, None if fsdp else module,
-                                 eval_batches, device, ctx)
+                                 eval_batches, device, ctx, fingerprint, resuming)
 
     def batch_fn(step: int) -> torch.Tensor:
         return data.train.batch_at(step, config.batch_size, config.seed)
@@ -583,8 +618,29 @@ def _place_teacher(teacher, device: torch.device, fsdp: bool, ctx) -> torch.nn.M
     return teacher.to(device)
 
 
-def _prepare_work_dir(work_dir: Path, config: DistillConfig, resume: bool, ctx) -> None:
-    """Refuse to clobber or mis-resume a checkpoint; record the config."""
+def run_fingerprint(teacher, student, data: DistillData, config: DistillConfig,
+                    teacher_id: str | None) -> str:
+    """What makes this run this run: its settings (those a resume may not change), the
+    teacher, the student's shape (its weights come from the checkpoint on a resume) and
+    the data. Work files carry it."""
+    settings = {k: v for k, v in config.model_dump(mode="json").items()
+                if k not in _RESUMABLE_CHANGES}
+    windows = getattr(data.train, "windows", None)
+    parts = {
+        "settings": settings,
+        "teacher": teacher_id or model_digest(teacher),
+        "student": sorted((name, list(t.shape)) for name, t in student.state_dict().items()),
+        "train": tensor_digest(windows) if windows is not None else type(data.train).__name__,
+        "heldout": tensor_digest(data.heldout) if data.heldout is not None else None,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _prepare_work_dir(work_dir: Path, config: DistillConfig, resume: bool, ctx,
+                      fingerprint: str) -> bool:
+    """Refuse to clobber or mis-resume a checkpoint; record the config and fingerprint.
+
+    True when this run resumes its own checkpoint."""
     saved = work_dir / "distill_config.json"
     has_ckpt = latest_checkpoint(work_dir / "checkpoints") is not None
     if has_ckpt and not resume:
@@ -592,8 +648,8 @@ def _prepare_work_dir(work_dir: Path, config: DistillConfig, resume: bool, ctx) 
             f"{work_dir} holds a checkpoint of an earlier distillation run",
             "pass --resume to continue it, or delete that folder to start over",
         )
-    if has_ckpt and saved.exists():
-        before = json.loads(saved.read_text())
+    if has_ckpt:
+        before = _read_json_object(saved)
         now = config.model_dump(mode="json")
         changed = sorted(k for k in now if k not in _RESUMABLE_CHANGES
                          and before.get(k) != now[k])
@@ -602,18 +658,42 @@ def _prepare_work_dir(work_dir: Path, config: DistillConfig, resume: bool, ctx) 
                 f"cannot resume {work_dir} with different settings: {', '.join(changed)}",
                 "resume with the original settings, or delete the folder to start over",
             )
+        if before.get("run_fingerprint") != fingerprint:
+            raise AutoCompressError(
+                f"the checkpoint in {work_dir} belongs to another run (another student, "
+                "teacher or data, or its record is missing) and is not resumed",
+                f"delete {work_dir} to start over, or resume with the original inputs",
+            )
     distributed.barrier(ctx)  # every rank has checked before rank 0 writes
     if ctx.is_main:
         work_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(saved, config.model_dump(mode="json"), indent=1)
+        write_json_atomic(saved, {**config.model_dump(mode="json"),
+                                  "run_fingerprint": fingerprint}, indent=1)
     distributed.barrier(ctx)
+    return has_ckpt
 
 
-def _reference_evals(work_dir: Path, teacher, module, batches, device, ctx) -> dict:
-    """Teacher and untrained-student held-out scores, computed once per run."""
+def _read_json_object(path: Path) -> dict:
+    """A JSON object from ``path``; {} when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _reference_evals(work_dir: Path, teacher, module, batches, device, ctx,
+                     fingerprint: str, resuming: bool) -> dict:
+    """Teacher and untrained-student held-out scores, computed once per run.
+
+    A saved ``reference_eval.json`` is reused only by the resume of the run that
+    wrote it (same fingerprint, its checkpoint present): one left by a killed run
+    of another student would otherwise be reported as this student's "before".
+    """
     path = work_dir / "reference_eval.json"
-    if path.exists():
-        return json.loads(path.read_text())
+    saved = _read_json_object(path)
+    if resuming and saved.get("run_fingerprint") == fingerprint:
+        return {k: v for k, v in saved.items() if k != "run_fingerprint"}
     if not batches:
         return {"teacher": {}, "initial": {}}
     reference = {"teacher": teacher_eval(teacher, batches, device), "initial": {}}
@@ -623,7 +703,7 @@ def _reference_evals(work_dir: Path, teacher, module, batches, device, ctx) -> d
             reference["initial"] = make_eval_fn(teacher, batches, device)(module)
         module.train()
     if ctx.is_main:
-        write_json_atomic(path, reference, indent=1)
+        write_json_atomic(path, {**reference, "run_fingerprint": fingerprint}, indent=1)
     distributed.barrier(ctx)
     return reference
 

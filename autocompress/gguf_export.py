@@ -404,20 +404,31 @@ _FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}  # llama_ftype values
 
 
 def read_gguf_spec(path: str | Path) -> tuple[ArchSpec, str]:
-    """(ArchSpec, dtype) of a GGUF this module wrote."""
+    """(ArchSpec, dtype) of a GGUF this module wrote.
+
+    The file may come from anywhere: whatever is wrong with it (truncated,
+    not a GGUF, fields of the wrong type, an invalid spec) is one usage error,
+    never a KeyError or IndexError from deep inside the reader.
+    """
     import gguf
 
+    hint = "pass a file written by `autocompress export --format gguf` (re-export it)"
     try:
         reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as err:
-        raise AutoCompressError(f"cannot read GGUF {path}: {err}", hint="pass a file written "
-                                "by `autocompress export --format gguf`") from None
+    except Exception as err:  # noqa: BLE001 - the reader raises anything on bad bytes
+        raise AutoCompressError(f"cannot read GGUF {path}: {type(err).__name__}: {err}",
+                                hint=hint) from None
     field = reader.fields.get(SPEC_KEY)
     if field is None:
         raise AutoCompressError(f"{path} has no {SPEC_KEY} metadata",
                                 hint="export it with `autocompress export --format gguf`")
-    spec = ArchSpec.model_validate_json(bytes(field.parts[field.data[0]]).decode())
-    file_type = int(reader.fields["general.file_type"].parts[-1][0])
+    try:
+        spec = ArchSpec.model_validate_json(bytes(field.parts[field.data[0]]).decode())
+        file_type = int(reader.fields["general.file_type"].parts[-1][0])
+    except Exception as err:  # noqa: BLE001 - malformed metadata, whatever its kind
+        detail = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        raise AutoCompressError(f"GGUF {path} has malformed metadata ({detail})",
+                                hint=hint) from None
     dtype = {v: k for k, v in _FILE_TYPES.items()}.get(file_type, "unknown")
     return spec, dtype
 

@@ -20,21 +20,29 @@ how batches are drawn from them), ``k`` and the temperature. A shard holds
 ``SHARD_STEPS`` consecutive optimizer steps and is written to a temp name and
 renamed, so a shard is complete or absent; a longer token budget extends the
 same cache. Tensors only (safetensors), never a pickle.
+
+A shard's header also records a sha256 of its tensors' bytes, and every read
+checks it: a flipped byte would otherwise train a different student without a
+word. A shard that fails the check is deleted and computed again (with a note);
+hashing a shard costs a few milliseconds, against seconds of teacher forward
+passes to rebuild it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from autocompress.atomic import atomic_path, write_json_atomic
+from autocompress.atomic import atomic_path, remove_path, write_json_atomic
+from autocompress.errors import AutoCompressError
 
 FORMAT_VERSION = 1
 SHARD_STEPS = 8
@@ -55,6 +63,34 @@ def model_digest(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor_digest(tensor).encode())
     return digest.hexdigest()
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """sha256 over named tensors (names, dtypes, shapes and bytes), in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensor_digest(tensors[name]).encode())
+    return digest.hexdigest()
+
+
+def read_verified_shard(path: Path, key_digest: str) -> dict[str, torch.Tensor] | None:
+    """A shard's tensors if it belongs to ``key_digest`` and its bytes match its hash.
+
+    None when it is missing, unreadable, from another cache key, or written
+    before content hashes were recorded; raises nothing (the caller rebuilds).
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            meta = handle.metadata() or {}
+            if meta.get("digest") != key_digest or "content" not in meta:
+                return None
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    except Exception:  # noqa: BLE001 - any unreadable shard is simply rebuilt
+        return None
+    return tensors if tensors_digest(tensors) == meta["content"] else None
 
 
 class TeacherOutputs:
@@ -89,7 +125,8 @@ class TeacherOutputs:
                      for step in range(first, first + SHARD_STEPS)]
             tensors = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
             with atomic_path(self._path(shard)) as tmp:
-                save_file(tensors, str(tmp), metadata={"digest": self.digest})
+                save_file(tensors, str(tmp), metadata={"digest": self.digest,
+                                                       "content": tensors_digest(tensors)})
             self.built_steps += SHARD_STEPS
             self.build_seconds += time.perf_counter() - started
             if progress:
@@ -109,22 +146,31 @@ class TeacherOutputs:
         return self.dir / f"shard-{shard:05d}.safetensors"
 
     def _valid(self, shard: int) -> bool:
+        """True for a shard on disk that passes its content check; a failing one is
+        deleted (with a one-line note) so that ``ensure`` computes it again."""
         path = self._path(shard)
         if not path.exists():
             return False
-        try:
-            from safetensors import safe_open
-
-            with safe_open(str(path), "pt") as f:
-                return (f.metadata() or {}).get("digest") == self.digest
-        except Exception:  # noqa: BLE001 - an unreadable shard is recomputed
-            return False
+        if read_verified_shard(path, self.digest) is not None:
+            return True
+        print(f"note: teacher-output shard {path} does not match its content hash "
+              "(corrupt, or from an older version); discarded and rebuilt",
+              file=sys.stderr, flush=True)
+        remove_path(path)
+        return False
 
     def rows(self, step: int, start: int, count: int) -> dict[str, torch.Tensor]:
-        """Rows ``start .. start+count`` of step ``step``'s batch."""
+        """Rows ``start .. start+count`` of step ``step``'s batch (the shard is hash-checked
+        when it is read)."""
         shard, offset = divmod(step, SHARD_STEPS)
         if self._shard is None or self._shard[0] != shard:
-            self._shard = (shard, load_file(str(self._path(shard))))
+            tensors = read_verified_shard(self._path(shard), self.digest)
+            if tensors is None:  # changed on disk after ``ensure`` checked it
+                raise AutoCompressError(
+                    f"teacher-output shard {self._path(shard)} changed during the run "
+                    "(its content hash no longer matches)",
+                    f"re-run the command; the shard is rebuilt (or delete {self.dir})")
+            self._shard = (shard, tensors)
         tensors = self._shard[1]
         per_step = tensors["tokens"].shape[0] // SHARD_STEPS
         lo = offset * per_step + start

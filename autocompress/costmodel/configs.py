@@ -23,7 +23,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from autocompress.arch import SUPPORTED_MODEL_TYPES, ArchSpec, AttentionSpec, FFNSpec, LayerSpec
+from autocompress.arch import (
+    SHAPE_LIMITS,
+    SUPPORTED_MODEL_TYPES,
+    ArchSpec,
+    AttentionSpec,
+    FFNSpec,
+    LayerSpec,
+    check_ffn_mult,
+    check_shape_fields,
+)
 from autocompress.errors import AutoCompressError, invalid_input
 
 NEMOTRON_TYPES = ("nemotron-nas", "deci")
@@ -51,17 +60,29 @@ def load_arch(source: str | Path) -> tuple[ArchSpec, list[str]]:
         raise AutoCompressError(f"{path} is not valid JSON: {err}", hint=_HINT) from None
     if not isinstance(data, dict):
         raise AutoCompressError(f"{path} does not hold a JSON object", hint=_HINT)
-    return arch_from_dict(data)
+    return arch_from_dict(data, where=str(path))
 
 
-def arch_from_dict(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
-    """Dispatch on the kind of config dict (see the module docstring)."""
+def arch_from_dict(data: dict[str, Any], where: str = "the config") -> tuple[ArchSpec, list[str]]:
+    """Dispatch on the kind of config dict (see the module docstring).
+
+    Shape fields are bounds-checked first (``check_shape_fields``): the dict may
+    come from anyone, and transformers would allocate from them unchecked.
+    """
     model_type = data.get("model_type")
     if model_type is None and "layers" in data and "hidden_size" in data:
         return _from_arch_json(data), []
     if model_type in NEMOTRON_TYPES or _is_decilm(data):
+        check_shape_fields(data, where, required=("hidden_size", "num_attention_heads",
+                                                  "vocab_size"))
+        blocks = data.get("block_configs")
+        if isinstance(blocks, list) and len(blocks) > SHAPE_LIMITS["num_hidden_layers"]:
+            raise AutoCompressError(f"{where}: {len(blocks)} block_configs, more than "
+                                    f"{SHAPE_LIMITS['num_hidden_layers']} layers",
+                                    hint=_NEMOTRON_HINT)
         return _from_nemotron(data)
     if model_type in SUPPORTED_MODEL_TYPES:
+        check_shape_fields(data, where)
         return _from_hf_dict(data), []
     raise AutoCompressError(f"unsupported model type {model_type!r}", hint=_HINT)
 
@@ -153,7 +174,7 @@ def _parse_nemotron(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
                          f"{hidden // 3} (same weights and FLOPs)")
         elif not ffn.get("no_op"):
             width = ffn.get("intermediate_size") or _ffn_mult_to_intermediate(
-                float(ffn["ffn_mult"]), hidden
+                check_ffn_mult(ffn["ffn_mult"], f"layer {index}"), hidden
             )
             mlp = FFNSpec(intermediate_size=int(width))
         layers.append(LayerSpec(attention=attention, ffn=mlp))

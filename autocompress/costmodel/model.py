@@ -217,8 +217,11 @@ class CostModel(BaseModel):
         path = Path(path)
         try:
             payload = json.loads(path.read_text())
+            if not isinstance(payload, dict) or not isinstance(payload.get("model"), dict):
+                raise ValueError("it is not a JSON object with a 'model' object "
+                                 "(the schema of `costmodel fit`)")
             model = cls.model_validate(payload["model"])
-        except (OSError, ValueError, KeyError) as err:
+        except (OSError, ValueError, KeyError, TypeError) as err:
             raise AutoCompressError(
                 f"cannot read cost model {path}: {str(err).splitlines()[0]}",
                 hint="re-create it with `autocompress costmodel fit`",

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from autocompress.atomic import atomic_path
+from autocompress.atomic import atomic_path, check_not_input, check_out_dir, release_output
 from autocompress.errors import AutoCompressError
 from autocompress.paths import default_corpus_dir
 
@@ -125,9 +125,50 @@ def build_corpus(
     """Collect, split and write the corpus as ``<split>.jsonl`` + ``manifest.json``.
 
     The manifest is written last, so a directory without one is never trusted.
+    ``out_dir`` follows the output rule of every command (``check_corpus_out``).
     """
-    out_dir = Path(out_dir or default_corpus_dir())
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = check_corpus_out(out_dir or default_corpus_dir(), source)
+    try:
+        return _build_corpus(out_dir, source, text_column)
+    finally:
+        release_output(out_dir)
+
+
+# What ``build_corpus`` writes into a corpus directory (and what it may replace there).
+_CORPUS_ENTRIES = {*(f"{split}.jsonl" for split in SPLITS), "manifest.json", "tokens"}
+
+
+def check_corpus_out(out_dir: str | Path, source: str | None = None) -> Path:
+    """The corpus directory, once it is clear that writing there loses nothing.
+
+    New, empty, or a corpus this command wrote (a valid manifest and only the
+    corpus's own files): fine, it is rebuilt. Anything else, such as a folder of
+    the user's that happens to hold a ``train.jsonl``, is refused before any work,
+    as are the working directory, ``~``, a file, and the ``--source`` itself.
+    Returns the resolved directory, claimed for this process (``claim_output``).
+    """
+    if source is not None:
+        check_not_input(out_dir, source)
+    out = Path(out_dir).expanduser()
+    ours = out.is_dir() and _is_corpus_dir(out)
+    out = check_out_dir(out, overwrite=ours)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _is_corpus_dir(path: Path) -> bool:
+    """True when ``path`` holds nothing but a corpus written by ``build_corpus``."""
+    names = {entry.name for entry in path.iterdir()}
+    if not names or not names <= _CORPUS_ENTRIES or "manifest.json" not in names:
+        return False
+    try:
+        CorpusManifest.model_validate_json((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _build_corpus(out_dir: Path, source: str | None, text_column: str) -> CorpusManifest:
     docs = list(_stdlib_documents() if source is None else _datasets_documents(source, text_column))
     if not docs:
         raise AutoCompressError(

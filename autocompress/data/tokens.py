@@ -5,19 +5,25 @@ windows, and cached on disk as a ``datasets.Dataset`` keyed by the corpus
 fingerprint and the tokenizer's hash. Batches are a pure function of
 ``(seed, step)``: resuming a run at step k sees exactly the batches an
 uninterrupted run would, with no iterator state to save.
+
+The cache is verified whenever it is read: ``meta.json`` records a sha256 over
+the cache's other files (the arrow data and its schema), and a cache whose
+files no longer hash to it is deleted and tokenized again, with a note. The
+key alone would trust a cache whose token ids were changed after it was made.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from autocompress.atomic import publishing_dir
+from autocompress.atomic import publishing_dir, remove_path
 from autocompress.data.corpus import Split, load_documents, load_manifest
 from autocompress.errors import AutoCompressError
 
@@ -34,13 +40,40 @@ def _cache_dir(corpus_dir: Path, tokenizer, split: str, seq_len: int) -> Path:
     return Path(corpus_dir) / "tokens" / key
 
 
+def cache_content_hash(cache: Path) -> str:
+    """sha256 over a cache directory's files (names and bytes), ``meta.json`` left out."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(cache).rglob("*") if p.is_file()):
+        rel = path.relative_to(cache).as_posix()
+        if rel == "meta.json":
+            continue
+        digest.update(f"{rel}\0".encode())
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _cache_is_intact(cache: Path) -> bool:
+    """True when ``cache`` exists and its files still hash to what ``meta.json`` recorded."""
+    try:
+        meta = json.loads((cache / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("content_sha256") == cache_content_hash(cache)
+
+
 def packed_split(tokenizer, corpus_dir: Path, split: Split, seq_len: int):
-    """The split as a ``datasets.Dataset`` of ``seq_len``-token windows (cached)."""
+    """The split as a ``datasets.Dataset`` of ``seq_len``-token windows (cached, checked)."""
     import datasets
 
     cache = _cache_dir(corpus_dir, tokenizer, split, seq_len)
-    if (cache / "dataset_info.json").exists():
-        return datasets.load_from_disk(str(cache))
+    if cache.exists():
+        if _cache_is_intact(cache):
+            return datasets.load_from_disk(str(cache))
+        print(f"note: the tokenized cache {cache} does not match its content hash (changed, "
+              "or from an older version); discarded and rebuilt", file=sys.stderr, flush=True)
+        remove_path(cache)
     docs = load_documents(corpus_dir, split)
     eos = tokenizer.eos_token_id
     ids: list[int] = []
@@ -57,7 +90,8 @@ def packed_split(tokenizer, corpus_dir: Path, split: Split, seq_len: int):
     ds = datasets.Dataset.from_dict({"input_ids": windows})
     with publishing_dir(cache, overwrite=True) as tmp:  # never half a cache
         ds.save_to_disk(str(tmp))
-        (tmp / "meta.json").write_text(json.dumps({"tokens": n * seq_len, "docs": len(docs)}))
+        meta = {"tokens": n * seq_len, "docs": len(docs), "content_sha256": cache_content_hash(tmp)}
+        (tmp / "meta.json").write_text(json.dumps(meta))
     return datasets.load_from_disk(str(cache))
 
 

@@ -132,6 +132,9 @@ def _load_config(source: str) -> Any:
                 f"(model_type {model_type!r})",
                 hint=_SUPPORTED_HINT,
             )
+        from autocompress.arch import check_shape_fields
+
+        check_shape_fields(raw, str(config_file))  # before transformers allocates from it
     try:
         # Our hetero type is registered locally, so no remote code is needed.
         return AutoConfig.from_pretrained(source, trust_remote_code=False)
