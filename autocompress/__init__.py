@@ -24,19 +24,18 @@ import autocompress.modeling  # noqa: E402,F401  (registers the heterogeneous mo
 from autocompress.errors import AutoCompressError  # noqa: E402
 
 if TYPE_CHECKING:
-    from autocompress.api import CompressConfig, CompressResult, SearchResult, compress
+    from autocompress.api import CompressConfig, CompressResult, SearchResult, compress, search
+    from autocompress.arch_search.config import SearchConfig
     from autocompress.limits import Limits
-    from autocompress.search.run import SearchConfig
 
 # Name -> module holding it, imported on first access (the search stack is heavy).
-# ``search`` is the subpackage ``autocompress.search``, which is callable: calling it
-# runs ``autocompress.api.search`` (see autocompress/search/__init__.py).
 _LAZY = {
     "compress": "autocompress.api",
+    "search": "autocompress.api",
     "CompressConfig": "autocompress.api",
     "CompressResult": "autocompress.api",
     "SearchResult": "autocompress.api",
-    "SearchConfig": "autocompress.search.run",
+    "SearchConfig": "autocompress.arch_search.config",
     "Limits": "autocompress.limits",
 }
 
@@ -47,6 +46,4 @@ __all__ = ["AutoCompressError", "CompressConfig", "CompressResult", "Limits", "S
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name == "search":
-        return importlib.import_module("autocompress.search")
     raise AttributeError(f"module 'autocompress' has no attribute {name!r}")

@@ -23,12 +23,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
+from autocompress.arch_search.run import SearchConfig, SearchContext
 from autocompress.costmodel.model import CostModel
 from autocompress.costmodel.workload import Workload
 from autocompress.distill import DEFAULT_TOKENS, DistillConfig, DistillResult
 from autocompress.evaluation.suite import EvalConfig
 from autocompress.limits import Limits
-from autocompress.search.run import SearchConfig, SearchContext
 from autocompress.verify import VerifyReport
 
 # What a teacher may be: a model directory, ``default``, or an in-memory (model, tokenizer).
@@ -174,7 +174,7 @@ def _context(teacher: TeacherLike, target: str, workload: str | Workload,
 
 def _search(ctx: SearchContext, limits: Limits | None, budget_fraction: float | None,
             method: Method, config: SearchConfig, progress: bool) -> SearchResult:
-    from autocompress.search.run import run_method
+    from autocompress.arch_search.run import run_method
 
     limits = ctx.resolve_limits(limits, budget_fraction)
     outcome = run_method(ctx, method, limits, config, progress=progress)

@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 
 from autocompress.atomic import fsync_tree, remove_path, temp_sibling, write_json_atomic
 from autocompress.errors import AutoCompressError
+from autocompress.paths import home
 
 MANIFEST_SUFFIX = ".manifest.json"
 _CHUNK = 1 << 20
@@ -145,7 +146,7 @@ class Store:
         """
         uri = str(uri) if uri else os.environ.get("AUTOCOMPRESS_STORE") or ""
         if not uri:
-            return LocalStore(_home() / "artifacts")
+            return LocalStore(home() / "artifacts")
         parsed = urlparse(uri)
         if parsed.scheme == "s3":
             return S3Store(parsed.netloc, parsed.path.strip("/"), endpoint_url=endpoint_url)
@@ -314,7 +315,7 @@ class S3Store(Store):
             raise AutoCompressError(f"artifact {ref.uri} is {state}",
                                     "re-run the stage that produced it")
         if dest is None:
-            dest = _home() / "cache" / "artifacts" / _safe_part(ref.sha256[:16], ref) \
+            dest = home() / "cache" / "artifacts" / _safe_part(ref.sha256[:16], ref) \
                 / _safe_part(ref.name, ref)
         dest = Path(dest)
         if dest.exists() and sha256_path(dest) == ref.sha256:
@@ -367,7 +368,7 @@ class S3Store(Store):
         return keys
 
     def _read_manifest(self, key: str, bucket: str | None = None) -> dict[str, Any]:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: boto3, only S3 stores need it
 
         try:
             obj = self.client.get_object(Bucket=bucket or self.bucket, Key=key + MANIFEST_SUFFIX)
@@ -400,7 +401,7 @@ def s3_endpoint_url() -> str | None:
 
 def s3_client(endpoint_url: str | None = None):
     """A boto3 S3 client; a missing credential is a user error with a hint."""
-    import boto3
+    import boto3  # lazy: boto3, only S3 stores need it
 
     session = boto3.session.Session()
     if session.get_credentials() is None:
@@ -413,7 +414,7 @@ def s3_client(endpoint_url: str | None = None):
 
 def _s3_error(err: Exception, action: str, bucket: str) -> AutoCompressError:
     """Turn a boto3 failure into one line with a hint; never echo credentials."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError  # lazy: boto3, S3 only
 
     if isinstance(err, AutoCompressError):
         return err
@@ -447,12 +448,6 @@ def _split_s3(uri: str) -> tuple[str, str]:
 
 # ---------------------------------------------------------------------------
 # Small file-system helpers
-
-
-def _home() -> Path:
-    from autocompress.paths import home
-
-    return home()
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -323,8 +323,8 @@ def export_nemotron_nas(
     which; an explicit list refuses (AutoCompressError naming the rule) when one
     of them cannot compute the model exactly.
     """
+    from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of, load_causal_lm
-    from autocompress.paths import resolve_model_dir
 
     out_dir = check_out_dir(out_dir, overwrite)
     model_dir = resolve_model_dir(model_dir)  # a named teacher's files (tokenizer) too

@@ -15,11 +15,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from autocompress.arch_search.config import SearchConfig
 from autocompress.distill import DEFAULT_TOKENS, DistillConfig
 from autocompress.errors import AutoCompressError
 from autocompress.evaluation.suite import EvalConfig
 from autocompress.importance import CalibrationConfig
-from autocompress.search.run import SearchConfig
 from autocompress.stage_config import FitOptions, ValidationOptions, VerifyOptions, stage_config
 
 # The stages that take options, and the config each turns them into.

@@ -16,12 +16,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from autocompress.atomic import publishing_dir, write_json_atomic
 from autocompress.data.corpus import ensure_corpus, load_documents, load_manifest
 from autocompress.data.tokenizer import train_tokenizer
 from autocompress.data.tokens import PackedTokens
+from autocompress.errors import AutoCompressError
 from autocompress.training import TrainConfig, checkpoint_step, train
 
 
@@ -131,8 +132,6 @@ def train_teacher(out_dir: Path, cfg: TeacherConfig, work_dir: Path,
 
 
 def _tokenizer(path: Path, corpus_dir: Path, vocab_size: int):
-    from transformers import PreTrainedTokenizerFast
-
     if (path / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(path)
     docs = load_documents(corpus_dir, "train")
@@ -152,6 +151,10 @@ def _publish(out_dir: Path, model, tokenizer, card: dict, overwrite: bool) -> No
 
 def write_model_card(model_dir: Path, eval_json: Path | None = None) -> Path:
     """README.md for the teacher: shape, data, budget, held-out and benchmark scores."""
+    if not (model_dir / "training.json").is_file():  # a card describes a training run
+        raise AutoCompressError(f"{model_dir} has no training.json, so it was not trained by "
+                                "`autocompress teacher train`",
+                                "pass the directory that `autocompress teacher train` wrote")
     record = json.loads((model_dir / "training.json").read_text())
     cfg = record["config"]
     lines = [

@@ -13,6 +13,7 @@ trusted; its model card and ``provenance.json`` say where the weights came from.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
@@ -26,8 +27,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+from autocompress.arch import ArchSpec
 from autocompress.atomic import publishing_dir
 from autocompress.errors import AutoCompressError
+from autocompress.paths import default_teacher_dir, home
 
 # Bump when the built directory changes for the same GGUF (new files, fixes).
 BUILDER_VERSION = 1
@@ -55,8 +62,6 @@ class NamedTeacher:
 
 
 def _default_dir() -> Path:
-    from autocompress.paths import default_teacher_dir
-
     path = default_teacher_dir()
     if not (path / "config.json").exists():
         raise AutoCompressError(
@@ -97,8 +102,6 @@ def recorded_scores(name: str) -> dict[str, Any]:
     ``assets/named-teachers.json`` (written by ``bench/real_teacher.py``).
     """
     if name == "default":
-        from autocompress.paths import default_teacher_dir
-
         path = default_teacher_dir() / "eval.json"
         return summarize_eval(json.loads(path.read_text())) if path.exists() else {}
     if not SCORES_FILE.exists():
@@ -137,8 +140,6 @@ def describe_named() -> list[dict[str, Any]]:
 def _state(name: str) -> tuple[str, str, Path | None]:
     """(state in a word, what to know before using it, its directory if it exists)."""
     if name == "default":
-        from autocompress.paths import default_teacher_dir
-
         path = default_teacher_dir()
         if (path / "config.json").exists():
             return "bundled", str(path), path
@@ -154,13 +155,9 @@ def _state(name: str) -> tuple[str, str, Path | None]:
 
 
 def _shape(model_dir: Path) -> dict[str, Any]:
-    from transformers import AutoConfig
-
-    from autocompress.modeling import arch_spec_of
-
     config = AutoConfig.from_pretrained(model_dir)
-    return {"params": arch_spec_of(config).num_params(), "layers": config.num_hidden_layers,
-            "vocab": config.vocab_size}
+    return {"params": ArchSpec.from_hf_config(config).num_params(),
+            "layers": config.num_hidden_layers, "vocab": config.vocab_size}
 
 
 # ------------------------------------------------------------- the GGUF
@@ -223,8 +220,6 @@ def _packaged_sha256(gguf: Path) -> str | None:
         if entry.name == gguf.name and entry.hash is not None and entry.hash.mode == "sha256":
             if Path(entry.locate()).resolve() != gguf.resolve():
                 return None
-            import base64
-
             raw = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
             return raw.hex()
     return None
@@ -243,7 +238,7 @@ def check_gguf(gguf: Path) -> str:
 
 def read_gguf_header(gguf: Path) -> dict[str, Any]:
     """Scalar metadata of a GGUF (architecture, shapes, tokenizer settings), no weights."""
-    from gguf import GGUFReader
+    from gguf import GGUFReader  # lazy: only the SmolLM2 build reads GGUF files
 
     try:
         reader = GGUFReader(str(gguf))
@@ -266,8 +261,6 @@ def read_gguf_header(gguf: Path) -> dict[str, Any]:
 
 
 def teachers_home() -> Path:
-    from autocompress.paths import home
-
     return home() / "teachers"
 
 
@@ -312,8 +305,6 @@ def build_from_gguf(gguf: Path, out: Path, sha256: str | None = None) -> dict[st
     transformers dequantizes GGUF weights on load but refuses to save such a
     model, so the weights are copied into a fresh ``LlamaForCausalLM``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
-
     header = read_gguf_header(gguf)
     if header.get("general.architecture") != "llama":
         raise AutoCompressError(
@@ -357,8 +348,6 @@ def _drop_load_flags(path: Path) -> None:
 
 
 def _check_copied(model, loaded) -> None:
-    import torch
-
     theirs = loaded.state_dict()
     for key, value in model.state_dict().items():
         if key in theirs and not torch.equal(value, theirs[key]):
@@ -367,8 +356,6 @@ def _check_copied(model, loaded) -> None:
 
 
 def _provenance(gguf: Path, header: dict[str, Any], sha256: str, params: int) -> dict[str, Any]:
-    import transformers
-
     file_type = header.get("general.file_type")
     return {
         "name": "smollm2-135m",

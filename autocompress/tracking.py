@@ -26,21 +26,28 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from autocompress.artifacts import ArtifactRef, verify_with_cause
+from autocompress.artifacts import ArtifactRef, fetch, verify_with_cause
 from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
+from autocompress.paths import PACKAGE_DIR, home
 
+# mlflow is imported inside the functions that use it (each marked "lazy: mlflow"): it
+# takes seconds to import, and every stage, the CLI and the library's registry lookups
+# import this module whether or not they talk to MLflow.
 DEFAULT_EXPERIMENT = "autocompress"
 # MLflow limits: param values 6000 chars, tag values 8000 (model-version tags 5000).
 _MAX_PARAM = 6000
@@ -50,12 +57,26 @@ _GLOBAL_URI_LOCK = threading.Lock()
 _SMALL_FILE_BYTES = 256 * 1024
 
 
+# Registry names: what MLflow's stores all accept and what reads back unambiguously
+# (no "/" of a path, no "@" of NAME@VERSION, no "." MLflow refuses in some stores).
+_REGISTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+
+
+def check_registry_name(name: str, flag: str = "--register-as") -> str:
+    """Refuse a registry name MLflow would reject (or that reads as NAME@VERSION), before
+    any work: checked by the commands at their start, and again before registering."""
+    if not _REGISTRY_NAME.match(name or ""):
+        raise AutoCompressError(
+            f"{flag} {name!r} is not a usable registry name",
+            "use letters, digits, '-' and '_' (at most 100, starting with a letter or digit), "
+            "e.g. my-model_v2")
+    return name
+
+
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` or the embedded sqlite store under AUTOCOMPRESS_HOME."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    from autocompress.paths import home
-
     return f"sqlite:///{home() / 'mlflow.db'}"
 
 
@@ -69,8 +90,6 @@ def default_artifact_location(experiment: str, uri: str | None = None) -> str | 
         return f"{store.rstrip('/')}/mlflow/{experiment}"
     if (uri or tracking_uri()).startswith(("http://", "https://", "databricks")):
         return None
-    from autocompress.paths import home
-
     return (home() / "mlartifacts" / experiment).as_uri()
 
 
@@ -79,21 +98,28 @@ def code_version() -> str:
     """``<package version>+g<git sha>`` in a git checkout with commits, else a source hash.
 
     The source hash covers every ``.py`` file of the package, so two runs with
-    the same code version ran the same library code.
+    the same code version ran the same library code. The package is found from
+    this file and its version from the installed metadata, not by importing
+    ``autocompress`` (which would tie this module to the whole API).
     """
-    import autocompress
-
-    pkg = Path(autocompress.__file__).resolve().parent
+    pkg = PACKAGE_DIR
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=pkg,
                              capture_output=True, text=True, timeout=5, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", str(pkg)], cwd=pkg,
                                capture_output=True, text=True, timeout=5).stdout.strip()
         if sha:
-            return f"{autocompress.__version__}+g{sha}{'.dirty' if dirty else ''}"
+            return f"{_package_version()}+g{sha}{'.dirty' if dirty else ''}"
     except (OSError, subprocess.SubprocessError):
         pass
-    return f"{autocompress.__version__}+src.{source_hash(pkg)[:12]}"
+    return f"{_package_version()}+src.{source_hash(pkg)[:12]}"
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("autocompress")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "0+unknown"
 
 
 def source_hash(*paths: Path) -> str:
@@ -130,7 +156,7 @@ class Tracker:
 
     def __init__(self, experiment: str = DEFAULT_EXPERIMENT, uri: str | None = None,
                  artifact_location: str | None = None):
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # lazy: mlflow
 
         self.uri = uri or tracking_uri()
         self.experiment = experiment
@@ -139,7 +165,7 @@ class Tracker:
             artifact_location or default_artifact_location(experiment, self.uri))
 
     def _experiment_id(self, artifact_location: str | None) -> str:
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # lazy: mlflow
 
         try:
             found = self.client.get_experiment_by_name(self.experiment)
@@ -176,7 +202,7 @@ class Tracker:
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         """Log (nested dicts flattened with dots); values as text, None skipped."""
-        from mlflow.entities import Param
+        from mlflow.entities import Param  # lazy: mlflow
 
         flat = {k: v for k, v in _flatten("", params).items() if v is not None}
         items = [Param(k, _text(v, _MAX_PARAM)) for k, v in sorted(flat.items())]
@@ -185,9 +211,7 @@ class Tracker:
 
     def log_metrics(self, run_id: str, metrics: dict[str, Any], step: int | None = None) -> None:
         """Log numeric values (nested dicts flattened); non-numbers are skipped."""
-        import time
-
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # lazy: mlflow
 
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step or 0)
@@ -224,7 +248,8 @@ class Tracker:
     def register_model(self, name: str, model: ArtifactRef, lineage: Lineage,
                        run_id: str | None = None, description: str | None = None) -> int:
         """Register ``model`` as a new version of ``name``, with lineage tags; return it."""
-        from mlflow.exceptions import MlflowException
+        check_registry_name(name, "registry name")
+        from mlflow.exceptions import MlflowException  # lazy: mlflow
         from mlflow.models.model import MLMODEL_FILE_NAME
         from mlflow.models.utils import get_external_mlflow_model_spec
         from mlflow.utils.mlflow_tags import MLFLOW_MODEL_IS_EXTERNAL
@@ -259,7 +284,7 @@ class Tracker:
 
 @contextlib.contextmanager
 def _global_tracking_uri(uri: str):
-    import mlflow
+    import mlflow  # lazy: mlflow
 
     with _GLOBAL_URI_LOCK:
         previous = mlflow.get_tracking_uri()
@@ -405,7 +430,7 @@ def parse_model_ref(text: str) -> tuple[str, str | None]:
 def lineage(name: str, version: str | int | None = None, check: bool = True,
             tracker: Tracker | None = None) -> LineageReport:
     """Read a registered version's lineage back and (by default) re-hash every artifact."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # lazy: mlflow
 
     tracker = tracker or get_tracker()
     client = tracker.client
@@ -445,8 +470,6 @@ def registered_artifact(uri: str, stages: tuple[str, ...] = ("model", "teacher")
     """The local copy of a registered model, ``models:/NAME/VERSION`` (VERSION: a number,
     an alias or ``latest``; absent = latest): the first of ``stages`` in its lineage
     (``("engine_model", "model")`` for the file an engine serves), fetched hash-checked."""
-    from autocompress.artifacts import fetch
-
     name, _, version = uri.removeprefix(REGISTRY_PREFIX).strip("/").partition("/")
     info = lineage(name, version or None, check=False).lineage
     for stage in stages:

@@ -146,10 +146,10 @@ def _partial(spec_layer, teacher_layer) -> dict[str, bool]:
 def probe(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[str, Any]]:
     import torch
 
+    from autocompress.arch_search.discretize import teacher_logits
+    from autocompress.arch_search.selection import kl_to_teacher
     from autocompress.data.tokens import PackedTokens
     from autocompress.prune import prune
-    from autocompress.search.discretize import teacher_logits
-    from autocompress.search.selection import kl_to_teacher
 
     model, tokenizer, importance, space, candidates = load_short_list(args, report)
     if any(spec.hidden_size != space.teacher.hidden_size for _, _, spec in candidates):

@@ -107,8 +107,8 @@ def main() -> None:
     from autocompress.data.corpus import ensure_corpus
     from autocompress.distill import DistillConfig, DistillData, distill
     from autocompress.importance import CalibrationConfig, importance_for_checkpoint
+    from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of, load_causal_lm
-    from autocompress.paths import resolve_model_dir
     from autocompress.prune import prune
 
     started = time.time()

@@ -23,17 +23,17 @@ from pathlib import Path
 
 import torch
 
-from autocompress.hardware import machine_summary
-from autocompress.importance import CalibrationConfig, calibration_batches, compute_importance
-from autocompress.modeling import arch_spec_of, load_causal_lm
-from autocompress.search.discretize import (
+from autocompress.arch_search.discretize import (
     block_change_kl,
     choice_kl,
     measured_job_list,
     teacher_logits,
 )
-from autocompress.search.masked import MaskedTeacher
-from autocompress.search.space import SearchSpace, SpaceConfig
+from autocompress.arch_search.masked import MaskedTeacher
+from autocompress.arch_search.space import SearchSpace, SpaceConfig
+from autocompress.hardware import machine_summary
+from autocompress.importance import CalibrationConfig, calibration_batches, compute_importance
+from autocompress.modeling import arch_spec_of, load_causal_lm
 
 
 def sample_jobs(space: SearchSpace, count: int) -> list[tuple[str, int, int]]:

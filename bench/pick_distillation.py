@@ -46,15 +46,15 @@ def heldout_loss(model, windows: torch.Tensor) -> float:
 
 def main() -> None:
     from autocompress.arch import ArchSpec
+    from autocompress.arch_search.discretize import teacher_logits
+    from autocompress.arch_search.selection import kl_to_teacher
     from autocompress.data.corpus import ensure_corpus
     from autocompress.data.tokens import PackedTokens
     from autocompress.distill import DistillConfig, DistillData, distill
     from autocompress.importance import Importance
+    from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import load_causal_lm
-    from autocompress.paths import resolve_model_dir
     from autocompress.prune import prune
-    from autocompress.search.discretize import teacher_logits
-    from autocompress.search.selection import kl_to_teacher
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compare", required=True, help="compare JSON (bench/compare.py).")

@@ -55,10 +55,10 @@ def load_short_list(args: argparse.Namespace, report: dict[str, Any]):
     candidate's report row with its ArchSpec (shared with ``block_local_probe.py``)."""
     import torch
 
+    from autocompress.arch_search.options import SpaceConfig
+    from autocompress.arch_search.space import Choice, SearchSpace
     from autocompress.importance import Importance
     from autocompress.modeling import arch_spec_of, load_causal_lm
-    from autocompress.search.options import SpaceConfig
-    from autocompress.search.space import Choice, SearchSpace
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_causal_lm(str(args.teacher))
@@ -78,9 +78,9 @@ def measure(args: argparse.Namespace, report: dict[str, Any], done: list[dict[st
             ) -> list[dict[str, Any]]:
     import torch
 
+    from autocompress.arch_search.discretize import teacher_logits
+    from autocompress.arch_search.selection import kl_to_teacher
     from autocompress.prune import prune
-    from autocompress.search.discretize import teacher_logits
-    from autocompress.search.selection import kl_to_teacher
 
     model, tokenizer, importance, _, candidates = load_short_list(args, report)
     batches = split_batches(tokenizer, args.corpus, args.seq_len, args.windows, args.seed)

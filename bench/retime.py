@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     from autocompress.costmodel import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.hardware import machine_summary
-    from autocompress.paths import resolve_model_dir
+    from autocompress.model_source import resolve_model_dir
     from autocompress.report import cells_with_limits, load_compare
 
     args = build_parser(prog).parse_args(argv)

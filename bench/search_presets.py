@@ -30,13 +30,14 @@ import torch
 import torch.nn.functional as F
 
 from autocompress.arch import ArchSpec
+from autocompress.arch_search.config import SearchConfig
+from autocompress.arch_search.context import SearchContext
+from autocompress.arch_search.dnas import DNASConfig
+from autocompress.arch_search.minitron import MinitronConfig
+from autocompress.arch_search.run import minitron_to_file, search_to_file
 from autocompress.evaluation.heldout import heldout_windows
 from autocompress.limits import LIMIT_METRICS
 from autocompress.prune import prune
-from autocompress.search import SearchConfig, SearchContext
-from autocompress.search.dnas import DNASConfig
-from autocompress.search.minitron import MinitronConfig
-from autocompress.search.run import minitron_to_file, search_to_file
 
 PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -181,8 +181,8 @@ def cost_terms(costmodel_ref: dict, data: dict, model: dict) -> dict[str, float]
     heads halved, the hidden size halved (the cost model's own predictions)."""
     from autocompress.artifacts import ArtifactRef, fetch
     from autocompress.costmodel import CostModel, get_workload
+    from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of, load_causal_lm
-    from autocompress.paths import resolve_model_dir
 
     cm = CostModel.load(fetch(ArtifactRef.model_validate(costmodel_ref)))
     measured = cm.target.name in data["targets"]
@@ -322,10 +322,10 @@ def time_searches(family, args, options: dict) -> dict:
     one process on one ``SearchContext`` (the teacher, importance, cost model and corpus of
     the family's flow run): only the search differs between the two ways, prune, distill,
     evaluate and verify are the same work per budget."""
+    from autocompress.arch_search.family import run_family
+    from autocompress.arch_search.run import SearchConfig, SearchContext, run_search
     from autocompress.artifacts import fetch
     from autocompress.costmodel import CostModel
-    from autocompress.search.family import run_family
-    from autocompress.search.run import SearchConfig, SearchContext, run_search
     from flows.compress import seeded
     from flows.targets import budget_label, target_label
 

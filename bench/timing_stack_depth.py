@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
     from autocompress.costmodel.workload import get_workload
     from autocompress.errors import AutoCompressError
     from autocompress.hardware import machine_summary
+    from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of
-    from autocompress.paths import resolve_model_dir
 
     args = build_parser().parse_args(argv)
     first, last, step = args.depths

@@ -91,7 +91,7 @@ BASELINE_STEPS: list[Step] = [
     Step("baseline_verification", verify_model, model="baseline_model", **VERIFY),
 ]
 
-# How the main branch finds its architecture (``autocompress.search.run.METHODS``): the
+# How the main branch finds its architecture (``autocompress.arch_search.run.METHODS``): the
 # search; its ablations greedy (repair from the teacher, no DNAS) and random (random
 # search, as many scored architectures as the search); the fair Minitron baseline.
 METHODS = ("autocompress", "greedy", "random", "minitron")
@@ -242,7 +242,8 @@ def compress(
             timing the teacher if this host reads it more than 10% away
             (``limits.check_same_host``), before any search or training.
     """
-    from autocompress.paths import default_corpus_dir, resolve_model_dir
+    from autocompress.model_source import resolve_model_dir
+    from autocompress.paths import default_corpus_dir
 
     started = time.perf_counter()
     limits = Limits.model_validate(limits or {}) if not isinstance(limits, Limits) else limits

@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow
 
-from autocompress.paths import resolve_model_dir
+from autocompress.model_source import resolve_model_dir
 from autocompress.stage_options import check_options
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
 from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel

@@ -17,7 +17,7 @@ from typing import Any
 
 from prefect import flow
 
-from autocompress.paths import resolve_model_dir
+from autocompress.model_source import resolve_model_dir
 from autocompress.tracking import Lineage
 from flows.common import (
     FlowReport,

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
-from autocompress.paths import resolve_model_dir
+from autocompress.model_source import resolve_model_dir
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
 from flows.compress import COMPRESS_STEPS, STAGE_OPTIONS, seeded
 from tasks.costmodel import this_machine

@@ -12,16 +12,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformers import AutoConfig
+
+from autocompress.arch_search import budgets
+from autocompress.arch_search.config import SearchConfig
+from autocompress.arch_search.context import SearchContext
+from autocompress.arch_search.run import method_to_file, minitron_to_file, search_to_file
 from autocompress.artifacts import ArtifactRef
+from autocompress.costmodel import CostModel, get_workload
 from autocompress.limits import Limits
+from autocompress.modeling import arch_spec_of
 from tasks.stage import StageContext, stage
 
 
 def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
              importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
              options: dict | None):
-    from autocompress.costmodel import CostModel
-    from autocompress.search.run import SearchConfig, SearchContext
     from autocompress.stage_config import stage_config
     from autocompress.stage_sizes import search_sizes
 
@@ -58,8 +64,6 @@ def search_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
     ``validation`` is an input so that the search runs only behind the gate.
     The DNAS checkpoints live in the stage's checkpoint dir: a re-run resumes.
     """
-    from autocompress.search.run import search_to_file
-
     search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
                                   workload, options)
     out_dir = ctx.scratch() / "arch"
@@ -79,8 +83,6 @@ def ablation_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                   options: dict | None = None) -> ArtifactRef:
     """An ablation of the search (``greedy`` or ``random``, ``search.ablations``) under the
     same cost model, limits, scores and measured loop; behind the validation gate."""
-    from autocompress.search.run import method_to_file
-
     search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
                                   workload, options)
     out_dir = ctx.scratch() / "arch"
@@ -96,8 +98,6 @@ def minitron_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                   importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
                   limits: Limits, options: dict | None = None) -> ArtifactRef:
     """The Minitron baseline architecture matched to the same limits (same importance)."""
-    from autocompress.search.run import minitron_to_file
-
     search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
                                   workload, options)
     out_dir = ctx.scratch() / "arch"
@@ -113,12 +113,6 @@ def resolve_limits(ctx: StageContext, teacher: ArtifactRef, costmodel: ArtifactR
                    workload: str, limits: Limits, budget_fraction: float | None) -> Limits:
     """``search.budgets.resolve_limits`` with the teacher's cost predicted by the flow's
     cost model."""
-    from transformers import AutoConfig
-
-    from autocompress.costmodel import CostModel, get_workload
-    from autocompress.modeling import arch_spec_of
-    from autocompress.search import budgets
-
     wl = get_workload(workload)
     predicted: dict[str, float] = {}
 

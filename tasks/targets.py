@@ -23,8 +23,8 @@ def family_search(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                   target: str, workload: str, limits: list[Limits], labels: list[str],
                   options: dict | None = None) -> ArtifactRef:
     """``search.family.run_family``: one DNAS, one set of scores, one repair per budget."""
+    from autocompress.arch_search.family import run_family
     from autocompress.atomic import write_json_atomic
-    from autocompress.search.family import run_family
 
     search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
                                   workload, options)
@@ -60,10 +60,10 @@ def joint_search(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                  limits: list[Limits], options: dict | None = None) -> ArtifactRef:
     """``search.multitarget.run_joint_search``: one architecture within every target's
     limits, timed on every target this machine can time."""
+    from autocompress.arch_search.measured import measure_spec
+    from autocompress.arch_search.multitarget import run_joint_search, target_limits
     from autocompress.atomic import write_json_atomic
     from autocompress.costmodel import CostModel
-    from autocompress.search.measured import measure_spec
-    from autocompress.search.multitarget import run_joint_search, target_limits
 
     search_ctx, config = _context(ctx, teacher, corpus, importance, costmodels[0], targets[0],
                                   workload, options)

@@ -47,14 +47,17 @@ def test_the_readme_example_compresses_a_tiny_teacher(tmp_path, monkeypatch, tin
     assert "verified: " in capsys.readouterr().out
 
 
-def test_autocompress_search_is_the_api_and_the_package(tmp_path):
+def test_autocompress_search_is_the_api_function(tmp_path):
+    import inspect
+
     import pytest
 
     import autocompress
+    import autocompress.arch_search.run  # loading the search package must not replace it
+    from autocompress.api import search
     from autocompress.errors import AutoCompressError
-    from autocompress.search import SearchConfig
 
-    assert autocompress.search.SearchConfig is SearchConfig  # still the package
-    with pytest.raises(AutoCompressError, match="no-such-teacher"):  # and the API's search
+    assert autocompress.search is search and inspect.isfunction(autocompress.search)
+    with pytest.raises(AutoCompressError, match="no-such-teacher"):
         autocompress.search(tmp_path / "no-such-teacher", limits=autocompress.Limits(
             max_tpot_ms=1.0))

@@ -465,9 +465,9 @@ def test_mixed_windows_are_refused_everywhere():
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_search_space_told_an_engine_proposes_only_what_it_runs(engine):
+    from autocompress.arch_search.space import Choice, SearchSpace, SpaceConfig
     from autocompress.importance import random_importance as importance_of
     from autocompress.modeling import arch_spec_of
-    from autocompress.search.space import Choice, SearchSpace, SpaceConfig
 
     teacher = tiny_model("llama", gqa_ratio=2, num_heads=8, head_dim=8, num_layers=4,
                          intermediate_size=768)

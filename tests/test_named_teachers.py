@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from autocompress import teachers
 from autocompress.cli import app
 from autocompress.errors import AutoCompressError
+from autocompress.model_source import resolve_model_dir
 from autocompress.modeling import load_causal_lm
 from autocompress.modeling.tiny import tiny_model
-from autocompress.paths import resolve_model_dir
 
 
 def _save_tiny(path: Path, seed: int = 0) -> Path:

@@ -297,7 +297,7 @@ def test_register_on_the_embedded_store_without_a_tracking_uri(tmp_path, monkeyp
 
 def test_models_uri_resolves_to_the_registered_model_or_the_file_an_engine_serves(
         tmp_path, monkeypatch):
-    from autocompress.paths import resolve_model_dir
+    from autocompress.model_source import resolve_model_dir
     from autocompress.tracking import Tracker, registered_artifact
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -328,7 +328,7 @@ def test_stage_code_follows_imports_including_the_ones_a_hand_list_missed():
 
     root = Path(__file__).resolve().parents[1]
     files = {str(p.relative_to(root)) for p in code_files("tasks.search", OUR_PACKAGES)}
-    for needed in ("tasks/search.py", "autocompress/search/run.py", "autocompress/prune.py",
+    for needed in ("tasks/search.py", "autocompress/arch_search/run.py", "autocompress/prune.py",
                    "autocompress/verify.py", "autocompress/data/corpus.py",
                    "autocompress/costmodel/measure.py", "autocompress/hardware_specs.json"):
         assert needed in files

@@ -7,10 +7,13 @@ import json
 
 import pytest
 
+from autocompress.arch_search.config import SearchConfig
+from autocompress.arch_search.context import SearchContext
+from autocompress.arch_search.dnas import DNASConfig
+from autocompress.arch_search.minitron import MinitronConfig
+from autocompress.arch_search.options import SpaceConfig
+from autocompress.arch_search.selection import short_distill_scores
 from autocompress.modeling.tiny import tiny_model
-from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
-from autocompress.search.minitron import MinitronConfig
-from autocompress.search.selection import short_distill_scores
 
 SPACE = SpaceConfig(granularity=16, ffn_fractions=[1.0, 0.5], head_fractions=[1.0, 0.5])
 

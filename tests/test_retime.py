@@ -24,8 +24,8 @@ def retime():
 def _arch(layers: int) -> dict:
     from transformers import AutoConfig
 
+    from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of
-    from autocompress.paths import resolve_model_dir
 
     spec = arch_spec_of(AutoConfig.from_pretrained(resolve_model_dir("default")))
     return spec.model_copy(update={"layers": spec.layers[:layers]}).model_dump(mode="json")

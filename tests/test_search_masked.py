@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
+from autocompress.arch_search.dnas import _straight_through
+from autocompress.arch_search.masked import MaskedTeacher
+from autocompress.arch_search.space import Choice, SearchSpace, SpaceConfig
 from autocompress.importance import compute_importance
 from autocompress.modeling import arch_spec_of
 from autocompress.modeling.tiny import FAMILIES, tiny_model
 from autocompress.prune import prune
-from autocompress.search.dnas import _straight_through
-from autocompress.search.masked import MaskedTeacher
-from autocompress.search.space import Choice, SearchSpace, SpaceConfig
 
 VOCAB = 128
 
@@ -104,7 +104,7 @@ def test_straight_through_gradient_reaches_every_option():
 def test_measured_scores_from_a_blocks_input_equal_whole_forwards(family):
     """A one-block change run from that block's input (the stream before it is the
     anchor's) scores exactly what the whole forward of the changed architecture scores."""
-    from autocompress.search.discretize import choice_kl, measured_scores, teacher_logits
+    from autocompress.arch_search.discretize import choice_kl, measured_scores, teacher_logits
 
     model, _, space = _setup(family, tied=family == "qwen3", seed=2)
     masked = MaskedTeacher(model, space)

@@ -12,28 +12,31 @@ import numpy as np
 import pytest
 import torch
 
+from autocompress.arch_search.ablations import (
+    RandomConfig,
+    sample_choices,
+    search_evaluations,
+    searched_count,
+)
+from autocompress.arch_search.config import SearchConfig
+from autocompress.arch_search.context import SearchContext
+from autocompress.arch_search.discretize import CostTables, feasible, measured_job_list
+from autocompress.arch_search.dnas import DNASConfig
+from autocompress.arch_search.measured import TIMING_METRICS
+from autocompress.arch_search.minitron import (
+    MinitronConfig,
+    candidates,
+    droppable_layers,
+    minitron_matched,
+)
+from autocompress.arch_search.options import SpaceConfig
+from autocompress.arch_search.run import run_method, run_minitron
 from autocompress.costmodel import CostModel, Target, Workload
 from autocompress.costmodel.laws import ActivationLaw, LinearLaw
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 from autocompress.modeling.tiny import tiny_model
 from autocompress.prune import prune
-from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
-from autocompress.search.ablations import (
-    RandomConfig,
-    sample_choices,
-    search_evaluations,
-    searched_count,
-)
-from autocompress.search.discretize import CostTables, feasible, measured_job_list
-from autocompress.search.measured import TIMING_METRICS
-from autocompress.search.minitron import (
-    MinitronConfig,
-    candidates,
-    droppable_layers,
-    minitron_matched,
-)
-from autocompress.search.run import run_method, run_minitron
 
 WORKLOAD = Workload(name="test", isl=16, osl=4, batch=1)
 CONFIG = SearchConfig(
@@ -140,7 +143,7 @@ def test_the_spread_short_list_has_every_attention_shapes_largest(ctx):
     """ModelOpt's top-k by parameters can hold one attention shape only; the spread short
     list starts with the largest candidate of each shape, and timing (largest first) goes
     on until each shape's largest that meets is known, so it equals timing them all."""
-    from autocompress.search.minitron import shortlist
+    from autocompress.arch_search.minitron import shortlist
 
     pool = candidates(ctx.space, ctx.importance, CONFIG.minitron)
     tpot = _tpot(ctx, pool)
@@ -185,7 +188,7 @@ def test_the_baselines_pick_must_meet_the_limit_in_a_second_timing_too(ctx):
     """As the search's: the largest feasible candidate reads 15% low in its first timing and
     meets; its second and third timings miss, so it drops out and the next largest wins.
     Where only its second misses (narrowly) and its third meets, it stays the pick."""
-    from autocompress.search.measured import SpecTimer
+    from autocompress.arch_search.measured import SpecTimer
 
     pool = candidates(ctx.space, ctx.importance, CONFIG.minitron)
     tpot = _tpot(ctx, pool)
@@ -243,7 +246,7 @@ def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
     # The score is taken after the short distillation, which brings the student closer.
     # (A random tiny teacher is nearly uniform: sharpen it so there is something to
     # learn, and keep the steps small, as its weights are.)
-    from autocompress.search.selection import short_distill_kl
+    from autocompress.arch_search.selection import short_distill_kl
 
     with torch.no_grad():
         cpu.model.lm_head.weight.mul_(10)
@@ -261,10 +264,15 @@ def test_minitron_times_on_the_cpu_and_ranks_after_a_short_distillation(
 
 
 def test_final_pick_short_lists_every_depth_and_the_short_distillation_decides(ctx):
-    from autocompress.search.discretize import measured_scores, repair, within_radius
-    from autocompress.search.run import run_search
-    from autocompress.search.selection import probe_places, repaired_finalists, select, shortlist
-    from autocompress.search.space import Choice
+    from autocompress.arch_search.discretize import measured_scores, repair, within_radius
+    from autocompress.arch_search.run import run_search
+    from autocompress.arch_search.selection import (
+        probe_places,
+        repaired_finalists,
+        select,
+        shortlist,
+    )
+    from autocompress.arch_search.space import Choice
 
     limits = Limits(max_tpot_ms=0.6 * ctx.teacher_costs()["tpot_ms"])
     budgets = {"tpot_ms": limits.max_tpot_ms}
@@ -336,15 +344,15 @@ def test_measured_estimates_rank_repairs_by_their_kl_not_by_summed_scores(ctx):
     """With ``selection.estimate='measured'`` repair keeps the hidden size whose repaired
     choice has the lowest KL to the teacher, and every finalist's estimate is that KL: sums
     of single-change scores taken at a pruned anchor can promise more than its whole KL."""
-    from autocompress.search.discretize import (
+    from autocompress.arch_search.discretize import (
         MeasuredKL,
         choice_kl,
         measured_scores,
         repair,
         teacher_logits,
     )
-    from autocompress.search.run import run_search
-    from autocompress.search.selection import SelectionConfig, repaired_finalists
+    from autocompress.arch_search.run import run_search
+    from autocompress.arch_search.selection import SelectionConfig, repaired_finalists
 
     budgets = {"tpot_ms": 0.5 * ctx.teacher_costs()["tpot_ms"]}
     batches = ctx.score_batches(CONFIG)
@@ -377,7 +385,7 @@ def test_measured_estimates_rank_repairs_by_their_kl_not_by_summed_scores(ctx):
 def test_without_the_hidden_size_in_dnas_its_side_keeps_dnas_hidden_size(ctx):
     """``dnas.search_hidden=False``: DNAS's side of the short list stays at DNAS's hidden size
     (greedy's), and the teacher side may still choose another."""
-    from autocompress.search.run import run_search
+    from autocompress.arch_search.run import run_search
 
     config = CONFIG.model_copy(update={"dnas": CONFIG.dnas.model_copy(
         update={"search_hidden": False})})
@@ -392,8 +400,8 @@ def test_two_sides_probe_then_the_lower_kl_side_takes_the_rest_of_the_short_list
     """DNAS's side and the teacher's each get their best candidates distilled; the rest of
     the list goes to the side that scored lower, whichever it is, and a side that runs out
     of candidates leaves its places to the other."""
-    from autocompress.search.selection import Finalist, Sides, probe_places, select
-    from autocompress.search.space import Choice
+    from autocompress.arch_search.selection import Finalist, Sides, probe_places, select
+    from autocompress.arch_search.space import Choice
 
     def side(name: str, count: int) -> list[Finalist]:  # one candidate per depth
         return [Finalist(Choice(0, (0,) * (i + 1), (len(name),) * (i + 1)), float(i),
@@ -434,10 +442,10 @@ def test_final_pick_times_its_short_list_and_takes_the_best_that_meets_the_limit
     measured* wins: one miss does not re-aim the whole short list (the baseline, too, times
     every candidate). The measurement stands in for a target where deep models run slower
     than the cost model predicts; each architecture is timed once."""
-    from autocompress.search.discretize import measured_scores, repair
-    from autocompress.search.measured import SpecTimer
-    from autocompress.search.run import FinalPick
-    from autocompress.search.selection import layers_kept, repaired_finalists
+    from autocompress.arch_search.discretize import measured_scores, repair
+    from autocompress.arch_search.final_pick import FinalPick
+    from autocompress.arch_search.measured import SpecTimer
+    from autocompress.arch_search.selection import layers_kept, repaired_finalists
 
     budget = 0.6 * ctx.teacher_costs()["tpot_ms"]
     budgets = {"tpot_ms": budget}
@@ -480,10 +488,10 @@ def test_a_pick_must_meet_the_budget_in_a_second_timing_too(ctx):
     (10% too slow) meets in it; its second and third timings miss, and the pick moves on to
     a candidate that meets. Without ``confirm_timing`` the slow one is kept. One at the
     limit whose second timing misses narrowly and whose third meets is kept."""
-    from autocompress.search.discretize import measured_scores, repair
-    from autocompress.search.measured import SpecTimer
-    from autocompress.search.run import FinalPick
-    from autocompress.search.selection import repaired_finalists
+    from autocompress.arch_search.discretize import measured_scores, repair
+    from autocompress.arch_search.final_pick import FinalPick
+    from autocompress.arch_search.measured import SpecTimer
+    from autocompress.arch_search.selection import repaired_finalists
 
     budgets = {"tpot_ms": 0.6 * ctx.teacher_costs()["tpot_ms"]}
     anchor = ctx.space.full_choice()
@@ -535,10 +543,10 @@ def test_final_pick_re_aims_when_its_best_misses_and_keeps_the_best_that_met(ctx
     """Where the cost model is optimistic, the short list's best misses and the candidate that
     met is a much worse one: while rounds are left, the best (a miss) goes back to the closed
     loop, which re-aims; the loop's rounds end with the lowest KL that met in any of them."""
-    from autocompress.search.discretize import measured_scores, repair
-    from autocompress.search.measured import SpecTimer, closed_loop
-    from autocompress.search.run import FinalPick
-    from autocompress.search.selection import repaired_finalists
+    from autocompress.arch_search.discretize import measured_scores, repair
+    from autocompress.arch_search.final_pick import FinalPick
+    from autocompress.arch_search.measured import SpecTimer, closed_loop
+    from autocompress.arch_search.selection import repaired_finalists
 
     budgets = {"tpot_ms": 0.6 * ctx.teacher_costs()["tpot_ms"]}
     anchor = ctx.space.full_choice()
@@ -584,10 +592,11 @@ def test_the_aim_is_calibrated_on_repairs_answer_before_the_short_list_is_traine
     """On a target 8% slower than the cost model, repair's own answer (untrained) is timed
     and the bounds re-aimed until it meets; the short list is then built and trained once,
     at the calibrated aim, and its best meets as measured."""
-    from autocompress.search.discretize import measured_scores, repair
-    from autocompress.search.measured import SpecTimer
-    from autocompress.search.run import FinalPick, measured_loop
-    from autocompress.search.selection import repaired_finalists
+    from autocompress.arch_search.context import measured_loop
+    from autocompress.arch_search.discretize import measured_scores, repair
+    from autocompress.arch_search.final_pick import FinalPick
+    from autocompress.arch_search.measured import SpecTimer
+    from autocompress.arch_search.selection import repaired_finalists
 
     budgets = {"tpot_ms": 0.6 * ctx.teacher_costs()["tpot_ms"]}
     anchor = ctx.space.full_choice()
@@ -704,14 +713,11 @@ def test_methods_reach_the_flow_and_the_cli(tmp_path):
     from typer.testing import CliRunner
 
     from autocompress.cli import app
-    from flows.compress import METHODS, seeded, steps_for
+    from flows.compress import ARCH_STAGES, METHODS, seeded
 
-    assert METHODS == ("autocompress", "greedy", "random", "minitron")
-    arch = {m: next(s for s in steps_for(m) if s.name == "arch") for m in METHODS}
-    assert arch["greedy"].stage.name == arch["random"].stage.name == "ablation"
-    assert arch["greedy"].inputs["method"] == "method" and arch["minitron"].stage.name == "minitron"
-    with pytest.raises(AutoCompressError, match="unknown method"):
-        steps_for("bogus")
+    assert METHODS == ("autocompress", "greedy", "random", "minitron") == tuple(ARCH_STAGES)
+    assert ARCH_STAGES["greedy"].name == ARCH_STAGES["random"].name == "ablation"
+    assert ARCH_STAGES["minitron"].name == "minitron"
     options = seeded({"distill": {"seed": 7, "tokens": 10}}, 3)
     assert options == {"distill": {"seed": 7, "tokens": 10}, "search": {"dnas": {"seed": 3}}}
     result = CliRunner().invoke(app, ["run", "--method", "bogus", "--budget-fraction", "0.5"])

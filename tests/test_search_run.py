@@ -9,6 +9,22 @@ import numpy as np
 import pytest
 import torch
 
+from autocompress.arch_search.budgets import budgets_from_limits
+from autocompress.arch_search.config import SearchConfig
+from autocompress.arch_search.context import SearchContext, teacher_scores
+from autocompress.arch_search.discretize import CostTables, Scores, repair, smallest_reachable
+from autocompress.arch_search.dnas import (
+    DNAS,
+    DNASConfig,
+    DNASResult,
+    _probabilities,
+    expected_budget_costs,
+)
+from autocompress.arch_search.minitron import MinitronConfig
+from autocompress.arch_search.options import SpaceConfig
+from autocompress.arch_search.run import run_minitron, run_search, search_to_file
+from autocompress.arch_search.selection import SelectionConfig
+from autocompress.arch_search.space import Choice
 from autocompress.costmodel import CostModel, Target, Workload
 from autocompress.costmodel.laws import ActivationLaw, LinearLaw
 from autocompress.errors import AutoCompressError
@@ -16,21 +32,6 @@ from autocompress.limits import Limits
 from autocompress.modeling import arch_spec_of
 from autocompress.modeling.tiny import tiny_model
 from autocompress.prune import prune
-from autocompress.search import (
-    DNASConfig,
-    MinitronConfig,
-    SearchConfig,
-    SearchContext,
-    SpaceConfig,
-    run_minitron,
-    run_search,
-)
-from autocompress.search.budgets import budgets_from_limits
-from autocompress.search.discretize import CostTables, Scores, repair, smallest_reachable
-from autocompress.search.dnas import DNAS, DNASResult, _probabilities, expected_budget_costs
-from autocompress.search.run import search_to_file, teacher_scores
-from autocompress.search.selection import SelectionConfig
-from autocompress.search.space import Choice
 
 WORKLOAD = Workload(name="test", isl=64, osl=8, batch=2)
 
@@ -149,7 +150,7 @@ def _size_scores(space) -> Scores:
 def test_every_move_is_evaluated_as_its_own_choice_would_be(ctx, metrics):
     """Repair weighs every single-block move at once; each move's costs, legality and score
     change are exactly (the same floats) what evaluating the changed choice gives."""
-    from autocompress.search.discretize import Moves
+    from autocompress.arch_search.discretize import Moves
 
     space, rng = ctx.space, np.random.default_rng(0)
     tables = CostTables(ctx.costs, metrics)
@@ -350,7 +351,7 @@ def test_a_search_without_the_hidden_size_moves_only_the_blocks(ctx, from_start)
 def test_the_search_can_answer_with_its_best_scored_iterate(ctx, tmp_path):
     """keep_best_every: the start (at the budget) is scored at step 0, so the answer is never
     worse on the scoring batches than where the search started, and a resumed run keeps it."""
-    from autocompress.search.discretize import choice_kl
+    from autocompress.arch_search.discretize import choice_kl
 
     s = ctx.space
     start = Choice(1, tuple(0 for _ in range(s.num_layers)), tuple(1 for _ in range(s.num_layers)))
@@ -385,7 +386,7 @@ def test_the_search_can_answer_with_its_best_scored_iterate(ctx, tmp_path):
 
 
 def test_corrected_budgets_scale_only_missed_timings():
-    from autocompress.search.measured import MARGIN, corrected_budgets
+    from autocompress.arch_search.measured import MARGIN, corrected_budgets
 
     budgets = {"tpot_ms": 10.0, "memory_gb": 1.0}
     met = corrected_budgets(budgets, budgets, {"tpot_ms": 9.0, "ttft_ms": 1, "e2e_ms": 1},
@@ -401,8 +402,8 @@ def test_corrected_budgets_scale_only_missed_timings():
 
 
 def test_measured_loop_repicks_until_the_measurement_meets_the_budget(ctx):
-    from autocompress.search.measured import TIMING_METRICS, closed_loop
-    from autocompress.search.minitron import minitron_matched
+    from autocompress.arch_search.measured import TIMING_METRICS, closed_loop
+    from autocompress.arch_search.minitron import minitron_matched
 
     budgets = {"tpot_ms": 0.7 * ctx.teacher_costs()["tpot_ms"]}
 
@@ -428,7 +429,7 @@ def test_measured_loop_repicks_until_the_measurement_meets_the_budget(ctx):
 
 
 def test_measure_spec_times_a_random_weight_model_on_the_cpu(ctx):
-    from autocompress.search.measured import measure_spec
+    from autocompress.arch_search.measured import measure_spec
 
     model = CostModel.analytic(Target.parse("cpu-local/hf-eager/fp32"))
     spec = ctx.space.spec_of(Choice(0, (0, 0, 0, 0), (0, 0, 0, 0)))
@@ -446,7 +447,7 @@ def test_a_pick_inside_the_drift_band_misses_the_budget():
     """Measured 2% under the budget with 0.5% noise: met within this session, but verify, in
     another session, may find it 3% slower, so with the default drift it is a miss and the
     loop re-aims below the band."""
-    from autocompress.search.measured import corrected_budgets, missed_budgets, with_drift
+    from autocompress.arch_search.measured import corrected_budgets, missed_budgets, with_drift
 
     budgets, measured = {"tpot_ms": 10.0}, {"tpot_ms": 9.8, "ttft_ms": 50.0, "e2e_ms": 100.0}
     noise = {"tpot_ms": 0.05, "ttft_ms": 0.5, "e2e_ms": 1.0, "memory_gb": 0.0}
@@ -463,7 +464,7 @@ def test_a_pick_inside_the_drift_band_misses_the_budget():
 def test_a_confirmation_that_misses_is_settled_by_a_third_timing():
     """The second timing stands where it meets; where it misses, a third is taken and the
     median of the three stands. Each architecture is timed at most three times."""
-    from autocompress.search.measured import SpecTimer, missed_budgets
+    from autocompress.arch_search.measured import SpecTimer, missed_budgets
 
     spec = arch_spec_of(tiny_model("llama"))
     budgets = {"tpot_ms": 10.0}
@@ -502,7 +503,7 @@ def test_a_confirmation_that_misses_is_settled_by_a_third_timing():
 
 
 def test_planted_search_checkpoints_are_never_executed(ctx, tmp_path, capsys):
-    from autocompress.search.dnas import CHECKPOINT_NAME, LEGACY_CHECKPOINT
+    from autocompress.arch_search.dnas import CHECKPOINT_NAME, LEGACY_CHECKPOINT
 
     class Payload:  # unpickling it would create ``marker``
         def __reduce__(self):

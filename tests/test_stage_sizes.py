@@ -1,9 +1,9 @@
 """Stage sizes follow the teacher's size; the bundled teacher's defaults do not move."""
 
+from autocompress.arch_search.config import SearchConfig
 from autocompress.distill import DistillConfig
 from autocompress.evaluation.suite import EvalConfig
 from autocompress.importance import CalibrationConfig
-from autocompress.search.run import SearchConfig
 from autocompress.stage_sizes import (
     REFERENCE_PARAMS,
     distill_sizes,

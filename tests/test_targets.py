@@ -12,23 +12,26 @@ import sys
 
 import pytest
 
-from autocompress.costmodel import CostModel, Target, Workload
-from autocompress.costmodel.laws import ActivationLaw, LinearLaw
-from autocompress.errors import AutoCompressError
-from autocompress.limits import Limits
-from autocompress.modeling.tiny import tiny_model
-from autocompress.search import DNASConfig, SearchConfig, SearchContext, SpaceConfig
-from autocompress.search.family import run_family
-from autocompress.search.multitarget import (
+from autocompress.arch_search.config import SearchConfig
+from autocompress.arch_search.context import SearchContext
+from autocompress.arch_search.dnas import DNASConfig
+from autocompress.arch_search.family import run_family
+from autocompress.arch_search.multitarget import (
     JointCosts,
     joint_budgets,
     meets_all,
     run_joint_search,
     target_limits,
 )
-from autocompress.search.run import run_search
-from autocompress.search.selection import SelectionConfig
-from autocompress.search.space import Choice
+from autocompress.arch_search.options import SpaceConfig
+from autocompress.arch_search.run import run_search
+from autocompress.arch_search.selection import SelectionConfig
+from autocompress.arch_search.space import Choice
+from autocompress.costmodel import CostModel, Target, Workload
+from autocompress.costmodel.laws import ActivationLaw, LinearLaw
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.modeling.tiny import tiny_model
 
 WORKLOAD = Workload(name="test", isl=16, osl=4, batch=1)
 CONFIG = SearchConfig(
@@ -137,9 +140,9 @@ def test_joint_final_pick_is_the_lowest_kl_of_a_short_list_meeting_every_target(
 def test_joint_measured_loop_calibrates_the_aim_on_the_untrained_answer_first(ctx):
     """Two targets this machine times, one 8% slower than its cost model: the untrained answer
     is timed and re-aimed until it meets both, then the (expensive) pick is made once."""
-    from autocompress.search.discretize import measured_scores, repair
-    from autocompress.search.measured import TIMING_METRICS
-    from autocompress.search.multitarget import joint_measured_loop
+    from autocompress.arch_search.discretize import measured_scores, repair
+    from autocompress.arch_search.measured import TIMING_METRICS
+    from autocompress.arch_search.multitarget import joint_measured_loop
 
     models = [_model("cpu-local/hf-eager/fp32", calls=1.0, per_byte=1e-7),
               _model("cpu-local/hf-eager/bf16", calls=0.01, per_byte=2e-4)]
@@ -183,7 +186,7 @@ def test_joint_search_refuses_memory_limits_and_repeated_targets(ctx):
 
 
 def test_family_runs_one_dnas_and_meets_each_budget(ctx, monkeypatch):
-    from autocompress.search import family
+    from autocompress.arch_search import family
 
     runs = []
     original = family.DNAS.run
@@ -206,16 +209,16 @@ def test_family_runs_one_dnas_and_meets_each_budget(ctx, monkeypatch):
 
 def test_family_final_pick_trains_a_candidate_shared_by_two_budgets_once(
         ctx, autocompress_home, monkeypatch):
-    from autocompress.search import selection
+    from autocompress.arch_search import context
 
     trained = []
-    original = selection.short_distill_scores
+    original = context.short_distill_scores
 
     def counted(teacher, importance, specs, *args, **kwargs):
         trained.extend(json.dumps(spec.to_dict(), sort_keys=True) for spec in specs)
         return original(teacher, importance, specs, *args, **kwargs)
 
-    monkeypatch.setattr(selection, "short_distill_scores", counted)
+    monkeypatch.setattr(context, "short_distill_scores", counted)
     teacher = ctx.teacher_costs()["tpot_ms"]
     limits = [Limits(max_tpot_ms=teacher * f) for f in (0.6, 0.59)]  # close: shared candidates
     # DNAS's side only: the teacher side's repairs differ between these two budgets here.
@@ -234,7 +237,7 @@ def test_family_final_pick_trains_a_candidate_shared_by_two_budgets_once(
 
 def test_family_is_a_front_a_looser_budget_is_offered_the_tighter_picks(
         ctx, autocompress_home, monkeypatch):
-    from autocompress.search import selection
+    from autocompress.arch_search import context
 
     def smaller_is_better(teacher, importance, specs, *args, **kwargs):
         # A score under which the tightest budget's pick beats every looser budget's own
@@ -242,7 +245,7 @@ def test_family_is_a_front_a_looser_budget_is_offered_the_tighter_picks(
         return [{"pruned_kl": spec.num_params() / 1e5, "kl": spec.num_params() / 1e6}
                 for spec in specs]
 
-    monkeypatch.setattr(selection, "short_distill_scores", smaller_is_better)
+    monkeypatch.setattr(context, "short_distill_scores", smaller_is_better)
     teacher = ctx.teacher_costs()["tpot_ms"]
     limits = [Limits(max_tpot_ms=teacher * f) for f in (0.8, 0.4, 0.6)]
     members = run_family(ctx, limits, PICK)
@@ -367,8 +370,8 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
     """``bench/targets.py``'s cost terms (from a real cost model artifact) and the report it
     writes from a matrix, a joint run and a family (the plots included)."""
     from autocompress.artifacts import Store
+    from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of, load_causal_lm
-    from autocompress.paths import resolve_model_dir
 
     bench = _bench()
     store = Store.from_uri(tmp_path / "store")

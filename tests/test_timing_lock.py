@@ -9,12 +9,12 @@ import time
 
 import pytest
 
+from autocompress.arch_search.measured import measure_spec
 from autocompress.costmodel import CostModel, Target, Workload
 from autocompress.costmodel.timing_lock import timing_lock
 from autocompress.errors import AutoCompressError
 from autocompress.modeling import arch_spec_of
 from autocompress.modeling.tiny import tiny_model
-from autocompress.search.measured import measure_spec
 
 
 def _held(path) -> bool:

@@ -86,7 +86,7 @@ def run(
     (embedded sqlite under $AUTOCOMPRESS_HOME unless MLFLOW_TRACKING_URI is set).
     """
     started = time.perf_counter()
-    from autocompress.search.run import METHODS
+    from autocompress.arch_search.run import METHODS
 
     if method not in METHODS:  # before Prefect starts: one line, exit 2
         raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")

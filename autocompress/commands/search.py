@@ -151,13 +151,13 @@ def search_command(
     <stem>.search.json (predicted costs, margins), <stem>.trajectory.json and .png.
     Prune it with `autocompress prune --arch`.
     """
+    from autocompress.arch_search.dnas import DNASConfig
+    from autocompress.arch_search.minitron import MinitronConfig
+    from autocompress.arch_search.run import SearchConfig, SearchContext, search_to_file
+    from autocompress.arch_search.selection import SelectionConfig
+    from autocompress.arch_search.space import SpaceConfig
     from autocompress.atomic import check_out_file
     from autocompress.errors import AutoCompressError
-    from autocompress.search.dnas import DNASConfig
-    from autocompress.search.minitron import MinitronConfig
-    from autocompress.search.run import SearchConfig, SearchContext, search_to_file
-    from autocompress.search.selection import SelectionConfig
-    from autocompress.search.space import SpaceConfig
 
     if score not in ("measured", "probability"):
         raise AutoCompressError(f"unknown --score {score!r}", hint="use measured or probability")
@@ -220,11 +220,11 @@ def minitron_command(
     the candidates that meet the limits, each timed on the target where this machine can time
     it: the fair hardware-matched comparison for `autocompress search`.
     """
+    from autocompress.arch_search.minitron import MinitronConfig
+    from autocompress.arch_search.run import SearchConfig, SearchContext, minitron_to_file
+    from autocompress.arch_search.space import SpaceConfig
     from autocompress.atomic import check_out_file
     from autocompress.errors import AutoCompressError
-    from autocompress.search.minitron import MinitronConfig
-    from autocompress.search.run import SearchConfig, SearchContext, minitron_to_file
-    from autocompress.search.space import SpaceConfig
 
     if (params is None) == (match_target is None):
         raise AutoCompressError("give exactly one of --params and --match-target",

@@ -129,7 +129,7 @@ def card(
     eval_json: Path = typer.Option(None, help="Scores from `autocompress eval --json`."),
 ) -> None:
     """Write the default teacher's model card (README.md) from its training record and scores."""
-    from autocompress.paths import resolve_model_dir
+    from autocompress.model_source import resolve_model_dir
     from autocompress.teacher import write_model_card
 
     path = write_model_card(resolve_model_dir(model), eval_json)

@@ -41,7 +41,7 @@ class ProbeSampler:
     @classmethod
     def around(cls, reference: ArchSpec, multiple: int = 16) -> ProbeSampler:
         """The search's default space around ``reference`` (sizes: multiples of ``multiple``)."""
-        from autocompress.search.options import SpaceConfig, space_options
+        from autocompress.arch_search.options import SpaceConfig, space_options
 
         hidden, attention, ffn = space_options(reference, SpaceConfig(granularity=multiple))
         return cls(reference, tuple(hidden), tuple(attention), tuple(ffn))

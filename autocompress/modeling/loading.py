@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoTokenizer,
+    LlamaConfig,
     LlamaForCausalLM,
     MistralForCausalLM,
     PreTrainedModel,
@@ -26,6 +27,7 @@ from transformers import (
 
 from autocompress.arch import SUPPORTED_MODEL_TYPES, ArchSpec
 from autocompress.errors import AutoCompressError
+from autocompress.model_source import resolve_model_dir
 from autocompress.modeling.configuration_autocompress_hetero import HeteroConfig
 from autocompress.modeling.modeling_autocompress_hetero import HeteroForCausalLM
 
@@ -109,8 +111,6 @@ def check_supported(config: Any) -> None:
 
 def _resolve_source(path_or_id: str | Path) -> str:
     """A named teacher, a local directory or a hub id, as a local directory."""
-    from autocompress.paths import resolve_model_dir
-
     return str(resolve_model_dir(path_or_id))
 
 
@@ -244,8 +244,6 @@ def _attention_types(config: Any) -> list[str]:
 
 def _default_base_config(spec: ArchSpec) -> Any:
     """A Llama config carrying only non-shape defaults, for specs built without a teacher."""
-    from transformers import LlamaConfig
-
     missing = [name for name in ("head_dim", "vocab_size") if getattr(spec, name) is None]
     if missing:
         raise AutoCompressError(

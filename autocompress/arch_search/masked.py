@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autocompress.arch_search.space import Choice, SearchSpace
 from autocompress.errors import AutoCompressError
-from autocompress.search.space import Choice, SearchSpace
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ Ours, so that the comparison with the search is fair:
 - the short distillation's budget, data and seed are the same for every
   candidate, and it is scored by KL to the teacher on fixed calibration batches
   that neither the training stream nor the benchmarks use
-  (``autocompress.search.selection``). ``distill_tokens=0`` ranks by that KL
+  (``autocompress.arch_search.selection``). ``distill_tokens=0`` ranks by that KL
   without training (ModelOpt's score-only form).
 """
 
@@ -66,11 +66,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec, LayerSpec
+from autocompress.arch_search.discretize import CostTables, feasible
+from autocompress.arch_search.measured import TIMING_METRICS, Reading
+from autocompress.arch_search.space import Choice, SearchSpace
 from autocompress.errors import AutoCompressError
 from autocompress.importance import Importance
-from autocompress.search.discretize import CostTables, feasible
-from autocompress.search.measured import TIMING_METRICS, Reading
-from autocompress.search.space import Choice, SearchSpace
 
 # measure(spec) -> (metrics, noise); score(candidates) -> one value each, lower is better.
 Measure = Callable[[ArchSpec], tuple[dict[str, float], dict[str, float]]]

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from autocompress.arch_search.space import SearchSpace
 from autocompress.atomic import atomic_path, write_json_atomic
-from autocompress.search.space import SearchSpace
 
 
 def save_trajectory(path: str | Path, trajectory: list[dict[str, Any]], meta: dict[str, Any]
@@ -39,9 +39,10 @@ def _kept_fractions(space: SearchSpace, probs: list[list[float]], kind: str) -> 
 def plot_trajectory(path: str | Path, trajectory: list[dict[str, Any]], space: SearchSpace,
                     title: str = "") -> Path:
     """Write a 2×2 PNG overview of the search."""
+    # lazy: matplotlib takes a second to import and only the plot needs it
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display: select the file backend before pyplot loads
     import matplotlib.pyplot as plt
 
     path = Path(path)

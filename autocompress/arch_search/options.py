@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec
+from autocompress.engine_rules import space_overrides
 
 
 class SpaceConfig(BaseModel):
@@ -62,8 +63,6 @@ def space_options(teacher: ArchSpec, config: SpaceConfig | None = None
     """
     config = config or SpaceConfig()
     if config.export_engine:  # only shapes that engine computes exactly
-        from autocompress.engine_rules import space_overrides
-
         config = config.model_copy(update=space_overrides(config.export_engine, teacher))
     att0, ffn0 = teacher.layers[0].attention, teacher.layers[0].ffn
     h, width = teacher.hidden_size, ffn0.intermediate_size

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from autocompress.arch import LayerSpec
+from autocompress.arch_search.space import Choice, SearchSpace
 from autocompress.losses import kd_loss
-from autocompress.search.space import Choice, SearchSpace
 
 EPS = 1e-12
 

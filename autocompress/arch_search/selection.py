@@ -30,9 +30,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
+from autocompress.arch_search.discretize import Discretized, Scores, repair, teacher_logits
+from autocompress.arch_search.space import Choice, SearchSpace
+from autocompress.distill import DistillConfig, DistillData, distill
 from autocompress.losses import kd_loss
-from autocompress.search.discretize import Discretized, Scores, repair, teacher_logits
-from autocompress.search.space import Choice, SearchSpace
+from autocompress.prune import prune
 
 
 class SelectionConfig(BaseModel):
@@ -104,9 +106,6 @@ def short_distill_scores(teacher, importance, specs: list[ArchSpec], train,
                          ) -> list[dict[str, float]]:
     """``short_distill_kl`` that also gives each spec's KL right after pruning:
     ``[{"pruned_kl": .., "kl": ..}]`` (equal when ``tokens == 0``)."""
-    from autocompress.distill import DistillConfig, DistillData, distill
-    from autocompress.prune import prune
-
     was_training = teacher.training
     teacher.eval()
     config = None

@@ -28,10 +28,18 @@ from dataclasses import replace
 
 import torch
 
+from autocompress.arch_search.context import (
+    check_reachable,
+    final_check,
+    measured_loop,
+    raise_unreachable,
+)
+from autocompress.arch_search.dnas import DNAS
+from autocompress.arch_search.final_pick import SAFETY, FinalPick, Repairs
+from autocompress.arch_search.run import SearchOutcome
+from autocompress.arch_search.selection import Finalist
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
-from autocompress.search.dnas import DNAS
-from autocompress.search.selection import Finalist
 
 FAMILY_MIN = 2
 
@@ -43,17 +51,6 @@ def anchor_index(count: int) -> int:
 
 def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -> list:
     """One ``SearchOutcome`` per entry of ``limits_list`` (loosest to tightest or any order)."""
-    from autocompress.search.run import (
-        SAFETY,
-        FinalPick,
-        Repairs,
-        SearchOutcome,
-        check_reachable,
-        final_check,
-        measured_loop,
-        raise_unreachable,
-    )
-
     if len(limits_list) < FAMILY_MIN:
         raise AutoCompressError("a family needs at least two budgets",
                                 hint="e.g. --budgets 0.3,0.5,0.7 (one budget: --budget-fraction)")

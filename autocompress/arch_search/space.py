@@ -20,7 +20,7 @@ first and last layers can be protected from no-ops (Minitron protects them).
 Because every option is a prefix of one importance order, the search learns
 *how many* channels/heads/neurons to keep, never *which*; the masks here are
 the same sets ``prune`` slices, so a masked forward of the teacher computes the
-pruned model's output exactly (``autocompress.search.masked``).
+pruned model's output exactly (``autocompress.arch_search.masked``).
 
 Every layer has the same list of options (the cost model's tables need equal
 lengths); options a layer may not take (a protected layer's no-op) are marked
@@ -34,10 +34,11 @@ from dataclasses import dataclass
 import torch
 
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
+from autocompress.arch_search.options import SpaceConfig, space_options
+from autocompress.engine_rules import banned_no_ops
 from autocompress.errors import AutoCompressError
 from autocompress.importance import Importance
 from autocompress.prune import select_heads
-from autocompress.search.options import SpaceConfig, space_options
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,6 @@ class SearchSpace:
                 if config.allow_no_ffn:
                     space.allowed_ffn[layer, -1] = False
         if config.export_engine:  # no-ops that engine cannot run without a costly stand-in
-            from autocompress.engine_rules import banned_no_ops
-
             for kind, layer in banned_no_ops(config.export_engine, teacher):
                 if kind == "attention" and config.allow_no_attention:
                     space.allowed_attention[layer, -1] = False

@@ -2,9 +2,9 @@
 
 Both run on the search's ``SearchContext`` (teacher, importance, space, cost
 model), meet the same budgets under the same cost tables, make the same final
-pick (``run.FinalPick``: the short list of their candidates, each given the
+pick (``final_pick.FinalPick``: the short list of their candidates, each given the
 baseline's short distillation) and go through the same measured loop on the
-target (``run.measured_loop``: time the pick, re-aim a missed timing budget by
+target (``context.measured_loop``: time the pick, re-aim a missed timing budget by
 the cost model's error on it, pick again):
 
 - ``greedy`` — repair from the teacher without DNAS. The anchor is the teacher
@@ -39,21 +39,8 @@ import numpy as np
 import torch
 
 from autocompress.arch import ArchSpec
-from autocompress.errors import AutoCompressError
-from autocompress.limits import Limits
-from autocompress.progress import Bar
-from autocompress.search.discretize import (
-    CostTables,
-    MeasuredKL,
-    feasible,
-    measured_job_list,
-    repair,
-)
-from autocompress.search.measured import MeasuredRound
-from autocompress.search.run import (
-    FinalPick,
-    RandomConfig,
-    SearchConfig,
+from autocompress.arch_search.config import RandomConfig, SearchConfig
+from autocompress.arch_search.context import (
     SearchContext,
     check_reachable,
     final_check,
@@ -63,8 +50,20 @@ from autocompress.search.run import (
     shared_report,
     teacher_scores,
 )
-from autocompress.search.selection import Finalist, layers_kept, repaired_finalists
-from autocompress.search.space import Choice, SearchSpace
+from autocompress.arch_search.discretize import (
+    CostTables,
+    MeasuredKL,
+    feasible,
+    measured_job_list,
+    repair,
+)
+from autocompress.arch_search.final_pick import FinalPick
+from autocompress.arch_search.measured import MeasuredRound
+from autocompress.arch_search.selection import Finalist, layers_kept, repaired_finalists
+from autocompress.arch_search.space import Choice, SearchSpace
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.progress import Bar
 
 
 def search_evaluations(space: SearchSpace, dnas_steps: int, radius: int | None) -> int:

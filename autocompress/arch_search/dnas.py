@@ -46,12 +46,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from autocompress.arch_search.discretize import choice_kl
+from autocompress.arch_search.masked import MaskedTeacher
+from autocompress.arch_search.space import Choice, SearchSpace
 from autocompress.atomic import publishing_dir, write_json_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.losses import kd_loss
-from autocompress.search.discretize import choice_kl
-from autocompress.search.masked import MaskedTeacher
-from autocompress.search.space import Choice, SearchSpace
 
 BatchFn = Callable[[int], torch.Tensor]
 NEG = -1e9  # logit of a forbidden option

@@ -26,12 +26,13 @@ from typing import Any
 import torch
 
 from autocompress.arch import ArchSpec
+from autocompress.arch_search.budgets import budgets_from_limits, resolve_limits
+from autocompress.arch_search.discretize import smallest_reachable
+from autocompress.arch_search.dnas import DNAS
+from autocompress.arch_search.final_pick import SAFETY, FinalPick, Repairs
+from autocompress.arch_search.measured import TIMING_METRICS, measured_round
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
-from autocompress.search.budgets import budgets_from_limits, resolve_limits
-from autocompress.search.discretize import smallest_reachable
-from autocompress.search.dnas import DNAS
-from autocompress.search.measured import TIMING_METRICS, measured_round
 
 SEP = "@"
 
@@ -176,10 +177,8 @@ class JointOutcome:
 def run_joint_search(ctx, targets: list[TargetLimits], config, measure=None,
                      progress: bool = False) -> JointOutcome:
     """DNAS + repair under every target's limits and the single-target search's final pick
-    (``run.Repairs``, ``run.FinalPick``), then the measured loop over the targets
+    (``final_pick.Repairs``, ``final_pick.FinalPick``), then the measured loop over the targets
     ``measure(target, spec) -> (metrics, noise)`` can time (None: trust the cost models)."""
-    from autocompress.search.run import SAFETY, FinalPick, Repairs
-
     _check_names(targets)
     costs = JointCosts(targets)
     budgets = joint_budgets(targets)
