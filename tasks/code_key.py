@@ -4,8 +4,8 @@ A cached result may be reused only if the code that produced it is unchanged. A
 hand-written list of "the modules this stage depends on" goes stale the day
 someone adds an import, and a stale list silently reuses results of old code. So
 the key is computed from the source: start at the module that defines the stage,
-read its ``import`` statements (at the top and inside functions: the library
-imports lazily), and follow every import that lands in one of our packages
+read its ``import`` statements (at the top and inside functions, where a heavy
+optional dependency is imported lazily), and follow every import that lands in one of our packages
 (``autocompress``, ``tasks`` and the stage module's own top-level package),
 transitively. Importing ``a.b.c`` also runs ``a/__init__.py`` and
 ``a/b/__init__.py``, so those count too. The key hashes every file reached, plus

@@ -25,7 +25,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from autocompress.arch import SUPPORTED_MODEL_TYPES, ArchSpec
+from autocompress.arch import SUPPORTED_MODEL_TYPES, ArchSpec, check_shape_fields
 from autocompress.errors import AutoCompressError
 from autocompress.model_source import resolve_model_dir
 from autocompress.modeling.configuration_autocompress_hetero import HeteroConfig
@@ -132,8 +132,6 @@ def _load_config(source: str) -> Any:
                 f"(model_type {model_type!r})",
                 hint=_SUPPORTED_HINT,
             )
-        from autocompress.arch import check_shape_fields
-
         check_shape_fields(raw, str(config_file))  # before transformers allocates from it
     try:
         # Our hetero type is registered locally, so no remote code is needed.
