@@ -19,6 +19,7 @@ by a killed process is removed by the next write to the same name.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import math
@@ -133,6 +134,37 @@ def fsync_tree(root: str | Path) -> None:
         _fsync_dir(Path(dirpath))
 
 
+def _umask() -> int:
+    try:  # Linux states it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def normalize_permissions(root: str | Path) -> None:
+    """Give every file under ``root`` the permissions of a normally created file.
+
+    Some writers (transformers' ``save_pretrained`` writes weights through a
+    private temporary file) leave ``0600`` files: a published model would then
+    hold a ``model.safetensors`` only its owner can read, beside ``0644``
+    siblings. Files become ``0666`` minus the umask, keeping their execute bits.
+    """
+    wanted = 0o666 & ~_umask()
+    root = Path(root)
+    paths = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
+    for path in paths:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode & 0o777
+        if mode | wanted != mode:
+            path.chmod(mode | wanted)
+
+
 def remove_path(path: str | Path) -> None:
     """Remove a file, link or directory tree if present (for our own temporaries)."""
     path = Path(path)
@@ -241,7 +273,7 @@ def check_out_dir(out: str | Path, overwrite: bool = False) -> Path:
     return out
 
 
-def check_out_file(out: str | Path, flag: str = "--out") -> Path:
+def check_out_file(out: str | Path, flag: str = "--out", example: str = "result.json") -> Path:
     """Refuse a file output that names an existing directory (before any work).
 
     Symbolic links are followed first; returns the resolved path.
@@ -249,7 +281,7 @@ def check_out_file(out: str | Path, flag: str = "--out") -> Path:
     out = _resolved(out)
     if out.is_dir():
         raise AutoCompressError(f"{flag} {out} is a directory; a file name is needed here",
-                                f"e.g. {flag} {out / 'result.json'}")
+                                f"e.g. {flag} {out / example}")
     if out.parent.exists() and not out.parent.is_dir():
         raise AutoCompressError(f"{flag} {out}: {out.parent} is a file, not a directory",
                                 f"pass a {flag} path inside a directory")
@@ -323,6 +355,14 @@ def claim_output(out: str | Path) -> None:
         os.close(fd)
 
 
+@atexit.register
+def _release_all() -> None:
+    # A run that stops with an error leaves no lock file behind (a SIGKILL does, but
+    # its lock is released by the kernel and the next claim takes the file over).
+    for out in list(_CLAIMS):
+        release_output(out)
+
+
 def release_output(out: str | Path) -> None:
     """End this process's claim on ``out`` (nothing if it holds none)."""
     claim = _CLAIMS.pop(_resolved(out), None)
@@ -343,6 +383,7 @@ def publish_dir(src: str | Path, out: str | Path, *, overwrite: bool = False) ->
     """
     src = Path(src)
     out = check_out_dir(out, overwrite)
+    normalize_permissions(src)
     fsync_tree(src)
     old = None
     if out.exists():

@@ -85,12 +85,10 @@ def report_errors(entry: Callable[[], object]) -> None:
         _report(invalid_input(err, f"{err.title} settings"))
     except AutoCompressError as err:
         _report(err)
-    except OSError as err:
-        disk = from_os_error(err)
-        if disk is None:
-            _crash(err)
-        _report(disk)
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line, a log
+        disk = from_os_error(err)  # disk full, read-only: the user's to fix, not a bug
+        if disk is not None:
+            _report(disk)
         _crash(err)
 
 

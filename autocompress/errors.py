@@ -52,15 +52,25 @@ _DISK_PROBLEMS = {
 }
 
 
-def from_os_error(err: OSError) -> AutoCompressError | None:
-    """A disk-full / read-only / permission ``OSError`` as a one-line usage error, else None."""
-    import errno
+def from_os_error(err: BaseException) -> AutoCompressError | None:
+    """A disk-full / read-only / permission error as a one-line usage error, else None.
 
-    name = errno.errorcode.get(err.errno or -1, "")
+    An ``OSError`` says so by its errno; libraries written in Rust or C++
+    (safetensors, tokenizers) wrap it in their own exception with the text
+    ``(os error N)``, which is read too.
+    """
+    import errno
+    import re
+
+    code = getattr(err, "errno", None) if isinstance(err, OSError) else None
+    if code is None:
+        found = re.search(r"os error (\d+)", str(err))
+        code = int(found.group(1)) if found else -1
+    name = errno.errorcode.get(code, "")
     cause = _DISK_PROBLEMS.get(name)
     if cause is None:
         return None
-    where = err.filename or "a file"
+    where = getattr(err, "filename", None) or "an output file"
     hint = ("free some space (the previous output was left as it was) or write elsewhere"
             if name in ("ENOSPC", "EDQUOT", "EFBIG") else
             "make it writable, or point AUTOCOMPRESS_HOME / --out at a writable directory")

@@ -46,7 +46,7 @@ from pydantic import BaseModel
 from safetensors.torch import save_file
 
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
-from autocompress.atomic import check_out_dir, publishing_dir
+from autocompress.atomic import check_not_input, check_out_dir, publishing_dir
 from autocompress.engine_rules import FFN_MULTIPLE, EnginePlan, ModelFacts, plan_for
 
 _COPIED_FILES = (
@@ -328,6 +328,7 @@ def export_nemotron_nas(
 
     out_dir = check_out_dir(out_dir, overwrite)
     model_dir = resolve_model_dir(model_dir)  # a named teacher's files (tokenizer) too
+    check_not_input(out_dir, model_dir)  # --out M --overwrite would delete the model read
     model, _ = load_causal_lm(model_dir, with_tokenizer=False)
     facts = ModelFacts.of(model, model_dir)
     plan = plan_for(facts, engines)

@@ -43,7 +43,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
-from autocompress.atomic import atomic_path
+from autocompress.atomic import atomic_path, check_not_input, check_out_file
 from autocompress.errors import AutoCompressError
 
 GGUF_DTYPES = ("f32", "f16", "q8_0", "q4_0")
@@ -445,8 +445,10 @@ def export_gguf(
 
     out = Path(out)
     path = out if out.suffix == ".gguf" else out / GGUF_NAME
+    path = check_out_file(path)  # links followed; a directory named as the file is refused
     if path.exists() and not overwrite:
         raise AutoCompressError(f"{path} exists", hint="pass another --out, or --overwrite")
     source, _ = load_config(model_dir)
+    check_not_input(path, source)  # never written over (or into) the model it reads
     model, _ = load_causal_lm(source, with_tokenizer=False)
     return write_gguf(model, source, path, dtype, name=Path(source).name or "autocompress")

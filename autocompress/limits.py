@@ -51,7 +51,7 @@ class LimitCheck(BaseModel):
 class Limits(BaseModel):
     """Upper bounds on latency/memory and a lower bound on throughput."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # `inf` is no limit
 
     max_ttft_ms: float | None = Field(None, gt=0, description="Time to first token, ms.")
     max_tpot_ms: float | None = Field(None, gt=0, description="Time per output token, ms.")

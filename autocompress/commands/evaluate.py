@@ -58,6 +58,10 @@ def eval_command(
     from autocompress.evaluation.report import results_table
     from autocompress.modeling import load_causal_lm
 
+    if json_out is not None:  # a directory named as the JSON file is refused before the work
+        from autocompress.atomic import check_out_file
+
+        check_out_file(json_out, "--json")
     if threads:
         torch.set_num_threads(threads)
     cfg = EvalConfig(num_items=num_items, seed=seed, seq_len=seq_len, batch_size=batch_size,

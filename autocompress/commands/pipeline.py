@@ -90,6 +90,10 @@ def run(
 
     if method not in METHODS:  # before Prefect starts: one line, exit 2
         raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
+    if not no_register:  # a bad name fails here, not after hours of compression
+        from autocompress.tracking import check_registry_name
+
+        check_registry_name(register_as)
     fractions = many_targets_mode(target, budgets, budget_fraction, limits, method, baseline)
     from autocompress.stage_options import parse_options
 

@@ -54,8 +54,10 @@ def importance_command(
     """
     from rich.console import Console
 
+    from autocompress.atomic import check_out_file
     from autocompress.importance import CalibrationConfig, importance_for_checkpoint
 
+    check_out_file(out, example="importance.safetensors")  # before the calibration passes
     calib = CalibrationConfig(
         corpus_dir=str(data) if data else None,
         seq_len=seq_len,

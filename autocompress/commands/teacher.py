@@ -146,8 +146,10 @@ def register_command(
     Under `autocompress serve` (PREFECT_API_URL set) the event starts the
     `on-new-teacher` deployment, which compresses this teacher.
     """
+    from autocompress.tracking import check_registry_name
     from flows.train_teacher import register_teacher
 
+    check_registry_name(name, "--name")  # before anything is published
     report = register_teacher(model_dir=str(model_dir), register_as=name)
     registered = report.outputs["registered"]
     typer.echo(f"registered {registered.name}@{registered.version}; {report.notes[-1]}")

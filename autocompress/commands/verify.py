@@ -64,6 +64,10 @@ def verify_command(
     from autocompress.verify import verify
 
     limits = limits_from_options(limits_file, **limits.model_dump(exclude_none=True))
+    if json_out:  # a directory named as the JSON file is refused before measuring
+        from autocompress.atomic import check_out_file
+
+        check_out_file(json_out, "--json")
     for name, value, least in (("--repeats", repeats, 1), ("--warmup", warmup, 0),
                                ("--threads", threads, 1), ("--sessions", sessions, 1)):
         if value is not None and value < least:

@@ -80,7 +80,7 @@ def arch_from_dict(data: dict[str, Any], where: str = "the config") -> tuple[Arc
             raise AutoCompressError(f"{where}: {len(blocks)} block_configs, more than "
                                     f"{SHAPE_LIMITS['num_hidden_layers']} layers",
                                     hint=_NEMOTRON_HINT)
-        return _from_nemotron(data)
+        return _from_nemotron(data, where)
     if model_type in SUPPORTED_MODEL_TYPES:
         check_shape_fields(data, where)
         return _from_hf_dict(data), []
@@ -122,10 +122,10 @@ def _ffn_mult_to_intermediate(ffn_mult: float, hidden: int) -> int:
     return int(math.ceil(size / 256) * 256)
 
 
-def _from_nemotron(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
+def _from_nemotron(data: dict[str, Any], where: str = "the config") -> tuple[ArchSpec, list[str]]:
     """nemotron-nas ``block_configs`` → ArchSpec; a missing or bad field is a usage error."""
     try:
-        return _parse_nemotron(data)
+        return _parse_nemotron(data, where)
     except KeyError as err:
         raise AutoCompressError(f"the nemotron-nas config has no {err.args[0]!r}",
                                 hint=_NEMOTRON_HINT) from None
@@ -141,7 +141,7 @@ _NEMOTRON_HINT = ("it needs hidden_size, num_attention_heads, vocab_size and blo
                   "intermediate_size | no_op}} with positive numbers")
 
 
-def _parse_nemotron(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
+def _parse_nemotron(data: dict[str, Any], where: str = "the config") -> tuple[ArchSpec, list[str]]:
     """nemotron-nas ``block_configs`` → ArchSpec; ``replace_with_linear`` is approximated."""
     hidden = int(data["hidden_size"])
     heads = int(data["num_attention_heads"])
@@ -174,7 +174,7 @@ def _parse_nemotron(data: dict[str, Any]) -> tuple[ArchSpec, list[str]]:
                          f"{hidden // 3} (same weights and FLOPs)")
         elif not ffn.get("no_op"):
             width = ffn.get("intermediate_size") or _ffn_mult_to_intermediate(
-                check_ffn_mult(ffn["ffn_mult"], f"layer {index}"), hidden
+                check_ffn_mult(ffn["ffn_mult"], f"{where}: layer {index}"), hidden
             )
             mlp = FFNSpec(intermediate_size=int(width))
         layers.append(LayerSpec(attention=attention, ffn=mlp))

@@ -150,8 +150,13 @@ def check_corpus_out(out_dir: str | Path, source: str | None = None) -> Path:
     if source is not None:
         check_not_input(out_dir, source)
     out = Path(out_dir).expanduser()
-    ours = out.is_dir() and _is_corpus_dir(out)
-    out = check_out_dir(out, overwrite=ours)
+    if out.is_dir() and any(out.iterdir()) and not _is_corpus_dir(out):
+        others = sorted(entry.name for entry in out.iterdir())[:3]
+        raise AutoCompressError(
+            f"--out {out} holds files that are not a corpus written by `autocompress data "
+            f"prepare` (e.g. {', '.join(others)}); nothing was changed",
+            "pass a new or empty directory (a corpus directory of ours is rebuilt in place)")
+    out = check_out_dir(out, overwrite=out.is_dir())
     out.mkdir(parents=True, exist_ok=True)
     return out
 
