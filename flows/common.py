@@ -1,10 +1,15 @@
-"""What every flow shares: its MLflow parent run, running a list of steps, timings.
+"""What every flow shares: its MLflow parent run, calling its steps, timings.
 
-A flow is a list of ``Step``s. Each step names a stage task and says where each
-of its inputs comes from: a flow parameter or an earlier step's output (both
-live in one ``values`` dict under their names). Adding a stage to a flow is one
-``Step(...)`` line; ``run_steps`` does the calling, notes which steps came back
-from the cache, and logs each step's artifact reference on the flow's MLflow run.
+A flow calls its stage tasks through a ``Steps`` caller, as plain calls whose values
+live in Python variables::
+
+    step = Steps(run, report, placement)
+    pruned = step("pruned", prune_model, teacher=teacher, arch=arch, importance=importance)
+
+The caller runs the task (in this process, or on a work pool the step is placed on),
+notes whether it came back from the cache and how long it took, and logs its artifact
+references on the flow's MLflow run. Flows that re-key one wiring for many targets
+(``flows/targets.py``) list ``Step``s and call ``run_steps``, which uses the same caller.
 """
 
 from __future__ import annotations
@@ -133,45 +138,69 @@ def _existing_parent(tracker, flow_run_id: str | None) -> str | None:
     return runs[0].info.run_id
 
 
-def run_steps(steps: Sequence[Step], values: dict[str, Any], run: RunInfo,
-              report: FlowReport, placement: dict[str, str] | None = None) -> dict[str, Any]:
-    """Call each step in order; its output joins ``values`` under the step's name.
+class Steps:
+    """Calls a flow's stage tasks: ``step(name, stage, **inputs)`` returns the stage's result.
 
-    ``placement`` maps step names to work pools: those steps run on a worker of
-    that pool (``flows.placement``), the others in this process.
+    ``placement`` maps step names to work pools: those steps run on a worker of that pool
+    (``flows.placement``), the others in this process. Each result is kept in
+    ``outputs`` under its step's name (the flow's report and the lineage read them).
     """
-    logger = get_run_logger()
-    tracker = run.tracker()
-    for step in steps:
-        missing = [src for src in step.inputs.values() if src not in values]
-        if missing:
-            raise KeyError(f"step {step.name!r} needs {missing}, which no earlier step produced")
-        kwargs = {param: values[src] for param, src in step.inputs.items()}
+
+    def __init__(self, run: RunInfo, report: FlowReport,
+                 placement: dict[str, str] | None = None):
+        self.run = run
+        self.report = report
+        self.placement = placement or {}
+        self.outputs: dict[str, Any] = {}
+        self._logger = get_run_logger()
+        self._tracker = run.tracker()
+
+    def __call__(self, name: str, stage: Stage, /, **inputs: Any) -> Any:
         started = time.perf_counter()
-        step_run = run.model_copy(update={"step": step.name})
-        pool = (placement or {}).get(step.name)
+        step_run = self.run.model_copy(update={"step": name})
+        pool = self.placement.get(name)
         if pool:
             from flows.placement import run_placed
 
-            state_name, result, worker = run_placed(step.stage, kwargs, step_run, pool, step.name)
-            report.steps.append(StepOutcome(name=step.name, state=state_name, pool=pool,
-                                            worker=worker,
-                                            seconds=time.perf_counter() - started))
+            state_name, result, worker = run_placed(stage, inputs, step_run, pool, name)
+            self._record(name, state_name, started, pool, worker)
         else:
-            state = step.stage(**kwargs, run=step_run, return_state=True)
-            state_name = state.name
-            report.steps.append(StepOutcome(name=step.name, state=state_name,
-                                            seconds=time.perf_counter() - started))
+            state = stage(**inputs, run=step_run, return_state=True)
+            self._record(name, state.name, started)
             result = state.result()  # raises the stage's exception if it failed
-        values[step.name] = result
-        seconds = report.steps[-1].seconds
-        logger.info("%s: %s in %.1fs%s", step.name, state_name, seconds,
-                    f" on pool {pool}" if pool else "")
-        if tracker is not None and run.parent_run_id:
-            t0 = time.perf_counter()
-            for ref_name, ref in refs_in(result, step.name).items():
-                tracker.log_ref(run.parent_run_id, ref_name, ref)
-            report.tracking_s += time.perf_counter() - t0
+        self.outputs[name] = result
+        self._log_refs(name, result)
+        return result
+
+    def _record(self, name: str, state_name: str, started: float, pool: str | None = None,
+                worker: dict[str, str] | None = None) -> None:
+        seconds = time.perf_counter() - started
+        self.report.steps.append(StepOutcome(name=name, state=state_name, pool=pool,
+                                             worker=worker or {}, seconds=seconds))
+        self._logger.info("%s: %s in %.1fs%s", name, state_name, seconds,
+                          f" on pool {pool}" if pool else "")
+
+    def _log_refs(self, name: str, result: Any) -> None:
+        if self._tracker is None or not self.run.parent_run_id:
+            return
+        started = time.perf_counter()
+        for ref_name, ref in refs_in(result, name).items():
+            self._tracker.log_ref(self.run.parent_run_id, ref_name, ref)
+        self.report.tracking_s += time.perf_counter() - started
+
+
+def run_steps(steps: Sequence[Step], values: dict[str, Any], run: RunInfo,
+              report: FlowReport, placement: dict[str, str] | None = None) -> dict[str, Any]:
+    """Call each step in order, its inputs taken from ``values`` by name; its output joins
+    ``values`` under the step's name."""
+    step = Steps(run, report, placement)
+    for listed in steps:
+        missing = [src for src in listed.inputs.values() if src not in values]
+        if missing:
+            raise KeyError(f"step {listed.name!r} needs {missing}, which no earlier step "
+                           "produced")
+        inputs = {param: values[src] for param, src in listed.inputs.items()}
+        values[listed.name] = step(listed.name, listed.stage, **inputs)
     return values
 
 

@@ -1,18 +1,19 @@
 """The ``compress`` flow: one flow run = one compression run.
 
-    teacher ─► corpus ─► (1 profile ─► 2 cost model ─► 3 validate gate) ─► limits
-                      ─► 10 verify the teacher ─► 4 importance ─► 5 search
-                      ─► 6 discretize/repair ─► 7 prune ─► 8 distill ─► 9 evaluate
-                      ─► 10 verify ─► 11 register
-    optional Minitron baseline: same importance and distillation budget, 7 → 10
+The recipe of ``autocompress.recipe`` (the steps ``autocompress.compress`` runs in one
+process), each step a Prefect task (``tasks/``) that is cached, retried and tracked in
+MLflow. The flow body below is the graph, one line per box:
 
-Each box is a ``Step`` below; a stage joins the pipeline by adding its line.
-The compressed model is registered (with lineage) only when its measured
-latency/memory meet the limits; otherwise the report says why.
+    teacher ─► corpus ─► profile ─► cost model ─► gate ─► limits ─► time the teacher
+            ─► importance ─► architecture (the search, an ablation or Minitron) ─► prune
+            ─► distill ─► evaluate ─► (engine export) ─► verify ─► register
+    optional Minitron baseline: same importance, cost model, limits and distillation
+    budget, beside the main branch
 
-Re-running with the same parameters reuses every finished stage from the cache
-(keys are content hashes of the inputs + code versions); a stage that failed
-re-runs, and long stages resume from their checkpoints.
+The compressed model is registered (with lineage) only when its measured latency/memory
+meet the limits; otherwise the report says why. Re-running with the same parameters reuses
+every finished stage from the cache (keys are content hashes of the inputs + code
+versions); a stage that failed re-runs, and long stages resume from their checkpoints.
 """
 
 from __future__ import annotations
@@ -23,19 +24,22 @@ from typing import Any
 
 from prefect import flow
 
-from autocompress.errors import AutoCompressError
-from autocompress.limits import Limits, check_same_host
-from autocompress.stage_options import STAGE_CONFIGS, check_eval_config, check_options
-from autocompress.tracking import Lineage
-from flows.common import (
-    FlowReport,
-    Step,
-    finish_report,
-    new_report,
-    refs_of,
-    run_steps,
-    tracked_flow,
+from autocompress import recipe
+from autocompress.artifacts import ArtifactRef
+from autocompress.defaults import (
+    DEFAULT_METHOD,
+    DEFAULT_TARGET,
+    DEFAULT_TEACHER,
+    DEFAULT_WORKLOAD,
+    METHODS,
 )
+from autocompress.errors import AutoCompressError
+from autocompress.limits import Limits
+from autocompress.model_source import resolve_model_dir
+from autocompress.paths import default_corpus_dir
+from autocompress.stage_config import STAGE_CONFIGS, check_eval_config, check_options
+from autocompress.tracking import Lineage
+from flows.common import FlowReport, Steps, finish_report, new_report, refs_of, tracked_flow
 from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
 from tasks.data import prepare_corpus
 from tasks.distill import distill_model
@@ -44,156 +48,37 @@ from tasks.evaluation import evaluate_model
 from tasks.prune import prune_model, score_importance
 from tasks.registry import register_model
 from tasks.search import ablation_arch, minitron_arch, resolve_limits, search_arch
+from tasks.stage import Stage
 from tasks.teacher import publish_teacher
 from tasks.verify import verify_model
 
-# The pipeline, in order. Inputs name flow parameters or earlier steps' outputs.
-EVAL = dict(corpus="corpus", tasks="eval_tasks", config="eval_config", limit="eval_limit",
-            teacher="teacher")
-VERIFY = dict(costmodel="costmodel", target="target", workload="workload", limits="limits",
-              machine="machine", options="verify_options")
-SEARCH_INPUTS = dict(teacher="teacher", corpus="corpus", importance="importance",
-                     costmodel="costmodel", target="target", workload="workload",
-                     limits="limits", options="search_options")
+__all__ = ["METHODS", "compress"]
 
-COMPRESS_STEPS: list[Step] = [
-    Step("teacher", publish_teacher, teacher_dir="teacher_dir", label="teacher"),
-    Step("corpus", prepare_corpus, corpus_dir="corpus_dir"),
-    Step("profile", profile_target, target="target", machine="machine"),              # 1
-    Step("costmodel", fit_costmodel, target="target", teacher="teacher", profile="profile",
-         options="costmodel_options", workload="workload"),                           # 2
-    Step("validation", validate_costmodel, costmodel="costmodel", teacher="teacher",
-         workload="workload", options="validation_options"),                          # 3 gate
-    Step("limits", resolve_limits, teacher="teacher", costmodel="costmodel",
-         workload="workload", limits="limits", budget_fraction="budget_fraction"),
-    # The teacher is timed before the search: its reading checks carried limits early.
-    Step("teacher_verification", verify_model, model="teacher", **VERIFY),            # 10
-    Step("importance", score_importance, teacher="teacher", corpus="corpus",
-         options="importance_options"),                                               # 4
-    Step("arch", search_arch, validation="validation", **SEARCH_INPUTS),              # 5+6
-    Step("pruned", prune_model, teacher="teacher", arch="arch", importance="importance"),  # 7
-    Step("model", distill_model, teacher="teacher", student="pruned", corpus="corpus",
-         options="distill_options"),                                                  # 8
-    Step("teacher_eval", evaluate_model, model="teacher", **EVAL),                    # 9
-    Step("evaluation", evaluate_model, model="model", **EVAL),
-    Step("verification", verify_model, model="model", **VERIFY),
-]
-
-# The Minitron baseline (``baseline=True``): same importance, cost model, limits
-# and distillation budget; boxes 7-10.
-BASELINE_STEPS: list[Step] = [
-    Step("baseline_arch", minitron_arch, **SEARCH_INPUTS),
-    Step("baseline_pruned", prune_model, teacher="teacher", arch="baseline_arch",
-         importance="importance"),
-    Step("baseline_model", distill_model, teacher="teacher", student="baseline_pruned",
-         corpus="corpus", options="distill_options"),
-    Step("baseline_evaluation", evaluate_model, model="baseline_model", **EVAL),
-    Step("baseline_verification", verify_model, model="baseline_model", **VERIFY),
-]
-
-# How the main branch finds its architecture (``autocompress.arch_search.run.METHODS``): the
-# search; its ablations greedy (repair from the teacher, no DNAS) and random (random
-# search, as many scored architectures as the search); the fair Minitron baseline.
-METHODS = ("autocompress", "greedy", "random", "minitron")
-ARCH_STEPS = {
-    "minitron": Step("arch", minitron_arch, **SEARCH_INPUTS),
-    "greedy": Step("arch", ablation_arch, validation="validation", method="method",
-                   **SEARCH_INPUTS),
-}
-ARCH_STEPS["random"] = ARCH_STEPS["greedy"]
-
-
-def steps_for(method: str) -> list[Step]:
-    """The pipeline with the architecture found by ``method``."""
-    if method not in METHODS:
-        raise AutoCompressError(f"unknown method {method!r}", f"use one of {', '.join(METHODS)}")
-    if method == "autocompress":
-        return COMPRESS_STEPS
-    return [ARCH_STEPS[method] if step.name == "arch" else step for step in COMPRESS_STEPS]
-
-
-def seeded(options: dict[str, dict[str, Any]] | None, seed: int | None
-           ) -> dict[str, dict[str, Any]]:
-    """``options``, checked before any stage runs, with ``seed`` as the search seed
-    (``search.dnas.seed``: DNAS, random draws, score batches, Minitron's short
-    distillations) and the distillation seed, where the options do not set them already."""
-    options = check_options(options)
-    if seed is None:
-        return options
-    search = options.setdefault("search", {})
-    search["dnas"] = {"seed": seed, **dict(search.get("dnas") or {})}
-    options["distill"] = {"seed": seed, **options.get("distill", {})}
-    return options
-
-
-REGISTER_STEP = Step("registered", register_model, name="register_as", model="model",
-                     lineage="lineage")
-
+# The task that finds the main branch's architecture, by method (``defaults.METHODS``).
+ARCH_STAGES: dict[str, Stage] = {"autocompress": search_arch, "greedy": ablation_arch,
+                                 "random": ablation_arch, "minitron": minitron_arch}
+# Stages that take an ``options`` dict from the flow's ``options[<name>]``.
+STAGE_OPTIONS = tuple(STAGE_CONFIGS)
 # Engine targets (cpu-local/llama.cpp/*) serve an exported file: it is exported after
 # distillation, and that file is what is verified in the engine and registered.
 ENGINES_SERVING_FILES = ("llama.cpp",)
-ENGINE_EXPORT_STEP = Step("engine_model", export_for_engine, model="model", target="target")
-
-
-def steps_for_target(target: str, pipeline: list[Step]) -> tuple[list[Step], Step, list[str]]:
-    """(compress steps, register step, lineage chain) of ``pipeline`` for ``target``."""
-    engine = target.split("/")[1] if target.count("/") >= 1 else ""
-    if engine not in ENGINES_SERVING_FILES:
-        return pipeline, REGISTER_STEP, CHAIN
-    steps = []
-    for step in pipeline:
-        if step.name == "verification":
-            steps += [ENGINE_EXPORT_STEP,
-                      Step("verification", verify_model, model="engine_model", **VERIFY)]
-        else:
-            steps.append(step)
-    register = Step("registered", register_model, name="register_as", model="engine_model",
-                    lineage="lineage")
-    chain = [*CHAIN[:CHAIN.index("verification")], "engine_model", "verification"]
-    return steps, register, chain
-
-# Stages that take an ``options`` dict from the flow's ``options[<name>]``.
-STAGE_OPTIONS = tuple(STAGE_CONFIGS)
-
-# Steps whose outputs form the lineage chain, in order (missing ones are skipped).
-CHAIN = ["teacher", "corpus", "profile", "costmodel", "validation", "importance", "arch",
-         "pruned", "model", "evaluation", "verification"]
-
-
-def build_lineage(values: dict[str, Any], params: dict[str, Any], flow_run_id: str | None,
-                  chain: list[str]) -> Lineage:
-    """The lineage record of a registered model from the flow's step outputs."""
-    refs = refs_of(values, chain)
-    validation = values.get("validation")
-    evaluation = values.get("evaluation")
-    verification = values.get("verification")
-    corpus = values.get("corpus")
-    return Lineage(
-        teacher=str(params["teacher"]),
-        teacher_sha256=values["teacher"].sha256,
-        data_fingerprint=corpus.meta.get("fingerprint") if corpus is not None else None,
-        costmodel_version=(values["costmodel"].meta.get("version") if "costmodel" in values
-                           else None),
-        costmodel_error=dict(validation.metrics) if validation is not None else {},
-        target=params.get("target"),
-        workload=params.get("workload"),
-        limits=values["limits"].model_dump(exclude_none=True),
-        scores=dict(evaluation.metrics) if evaluation is not None else {},
-        measured=dict(verification.metrics) if verification is not None else {},
-        flow_run_id=flow_run_id,
-        artifacts=refs,
-    )
+# Steps whose outputs form a registered model's lineage, in order (absent ones skipped).
+LINEAGE = ("teacher", "corpus", "profile", "costmodel", "validation", "importance", "arch",
+           "pruned", "model", "evaluation", "engine_model", "verification")
+# Every step name the flow may run (placement may name any of them).
+STEP_NAMES = (*recipe.STEPS, "engine_model", "baseline_arch", "baseline_pruned",
+              "baseline_model", "baseline_evaluation", "baseline_verification")
 
 
 @flow(name="compress")
 def compress(
-    teacher: str = "default",
-    target: str = "cpu-local/hf-eager/fp32",
-    workload: str = "local-coding-cpu",
+    teacher: str = DEFAULT_TEACHER,
+    target: str = DEFAULT_TARGET,
+    workload: str = DEFAULT_WORKLOAD,
     limits: Limits | None = None,
     budget_fraction: float | None = None,
     baseline: bool = False,
-    method: str = "autocompress",
+    method: str = DEFAULT_METHOD,
     seed: int | None = None,
     eval_tasks: str | None = None,
     eval_limit: int | None = None,
@@ -242,55 +127,145 @@ def compress(
             timing the teacher if this host reads it more than 10% away
             (``limits.check_same_host``), before any search or training.
     """
-    from autocompress.model_source import resolve_model_dir
-    from autocompress.paths import default_corpus_dir
 
     started = time.perf_counter()
-    limits = Limits.model_validate(limits or {}) if not isinstance(limits, Limits) else limits
-    if limits.is_empty() and budget_fraction is None:
-        raise AutoCompressError("no limit to compress for",
-                                "give a limit (e.g. --max-tpot-ms 3) or --budget-fraction 0.6")
-    steps = steps_for(method)
+    limits = check_limits(limits, budget_fraction)
+    if method not in METHODS:
+        raise AutoCompressError(f"unknown method {method!r}", f"use one of {', '.join(METHODS)}")
     options = seeded(options, seed)
     eval_config = check_eval_config(eval_config)
     params = {"teacher": teacher, "target": target, "workload": workload,
               "limits": limits.model_dump(exclude_none=True),
               "budget_fraction": budget_fraction, "baseline": baseline, "method": method,
-              "seed": seed,
-              "eval_tasks": eval_tasks, "eval_limit": eval_limit, "options": options or {}}
+              "seed": seed, "eval_tasks": eval_tasks, "eval_limit": eval_limit,
+              "options": options}
     tags = {"autocompress.trigger_event": trigger_event} if trigger_event else None
     with tracked_flow("compress", params, experiment, store, track, tags=tags) as run:
         report = new_report("compress", run)
-        values: dict[str, Any] = {
-            **params,
-            "limits": limits,
-            "teacher_dir": resolve_model_dir(teacher),
-            "corpus_dir": Path(corpus_dir) if corpus_dir else default_corpus_dir(),
-            "eval_config": eval_config,
-            "machine": this_machine(),
-            # options["<stage>"] reaches that stage as its `options` input.
-            **{f"{name}_options": (options or {}).get(name, {}) for name in STAGE_OPTIONS},
-        }
-        steps, register_step, chain = steps_for_target(target, steps)
-        timed = [s.name for s in steps].index("teacher_verification") + 1
-        run_steps(steps[:timed], values, run, report, placement)
-        if limits_origin:
-            check_same_host(limits, values["teacher_verification"].metrics,
-                            limits_origin.get("teacher_measured") or {},
-                            where=limits_origin.get("from", "another run"))
-        run_steps(steps[timed:], values, run, report, placement)
+        step = Steps(run, report, placement)
+        machine = this_machine()
+
+        teacher_ref = step("teacher", publish_teacher, teacher_dir=resolve_model_dir(teacher),
+                           label="teacher")
+        corpus = step("corpus", prepare_corpus,
+                      corpus_dir=Path(corpus_dir) if corpus_dir else default_corpus_dir())
+        # The cost model of the target, trusted only behind the gate.
+        profile = step("profile", profile_target, target=target, machine=machine)
+        costmodel = step("costmodel", fit_costmodel, target=target, teacher=teacher_ref,
+                         profile=profile, options=options.get("costmodel", {}),
+                         workload=workload)
+        validation = step("validation", validate_costmodel, costmodel=costmodel,
+                          teacher=teacher_ref, workload=workload,
+                          options=options.get("validation", {}))
+        limits = step("limits", resolve_limits, teacher=teacher_ref, costmodel=costmodel,
+                      workload=workload, limits=limits, budget_fraction=budget_fraction)
+        measure = dict(costmodel=costmodel, target=target, workload=workload, limits=limits,
+                       machine=machine, options=options.get("verify", {}))
+        # The teacher is timed before any search: carried limits are checked against it.
+        teacher_timing = step("teacher_verification", verify_model, model=teacher_ref,
+                              **measure)
+        recipe.check_teacher_reading(limits, teacher_timing.metrics, limits_origin)
+
+        importance = step("importance", score_importance, teacher=teacher_ref, corpus=corpus,
+                          options=options.get("importance", {}))
+        search = dict(teacher=teacher_ref, corpus=corpus, importance=importance,
+                      costmodel=costmodel, target=target, workload=workload, limits=limits,
+                      options=options.get("search", {}))
+        arch = step("arch", ARCH_STAGES[method], **search, **behind_gate(method, validation))
+        pruned = step("pruned", prune_model, teacher=teacher_ref, arch=arch,
+                      importance=importance)
+        model = step("model", distill_model, teacher=teacher_ref, student=pruned,
+                     corpus=corpus, options=options.get("distill", {}))
+        suite = dict(corpus=corpus, tasks=eval_tasks, config=eval_config, limit=eval_limit,
+                     teacher=teacher_ref)
+        step("teacher_eval", evaluate_model, model=teacher_ref, **suite)
+        step("evaluation", evaluate_model, model=model, **suite)
+        if serves_a_file(target):
+            model = step("engine_model", export_for_engine, model=model, target=target)
+        verification = step("verification", verify_model, model=model, **measure)
+
         if baseline:
-            run_steps(BASELINE_STEPS, values, run, report, placement)
-        verification = values["verification"]
+            minitron_baseline(step, search, options.get("distill", {}), suite, measure)
         if not verification.metrics.get("ok"):
             report.notes.append("the compressed model misses its limits when measured "
                                 f"(see {verification.uri}); not registered")
         elif register_as:
-            values["register_as"] = register_as
-            values["lineage"] = build_lineage(values, params, run.flow_run_id, chain)
-            values["lineage"].trigger_event = trigger_event
-            run_steps([register_step], values, run, report)
-        report.outputs = {step.name: values[step.name]
-                          for step in [*steps, *BASELINE_STEPS, register_step]
-                          if step.name in values}
+            lineage = build_lineage(step.outputs, params, run.flow_run_id, trigger_event)
+            step("registered", register_model, name=register_as, model=model, lineage=lineage)
+        report.outputs = dict(step.outputs)
         return finish_report(report, run, started)
+
+
+def check_limits(limits: Limits | dict | None, budget_fraction: float | None) -> Limits:
+    """The flow's limits as ``Limits``; a run with none and no budget fraction stops here."""
+    limits = limits if isinstance(limits, Limits) else Limits.model_validate(limits or {})
+    if limits.is_empty() and budget_fraction is None:
+        raise AutoCompressError("no limit to compress for",
+                                "give a limit (e.g. --max-tpot-ms 3) or --budget-fraction 0.6")
+    return limits
+
+
+def behind_gate(method: str, validation: ArtifactRef) -> dict[str, Any]:
+    """Extra inputs of the architecture step: the search and its ablations take the gate's
+    report (so they run only behind it) and the ablations their method; Minitron neither."""
+    if method == "minitron":
+        return {}
+    return {"validation": validation, **({} if method == "autocompress" else {"method": method})}
+
+
+def serves_a_file(target: str) -> bool:
+    """Whether ``target``'s engine serves an exported file rather than the model directory."""
+    parts = target.split("/")
+    return len(parts) > 1 and parts[1] in ENGINES_SERVING_FILES
+
+
+def minitron_baseline(step: Steps, search: dict[str, Any], distill_options: dict[str, Any],
+                      suite: dict[str, Any], measure: dict[str, Any]) -> ArtifactRef:
+    """The fair Minitron baseline beside the main branch: the same importance, cost model,
+    limits and distillation budget. Returns its verification."""
+    arch = step("baseline_arch", minitron_arch, **search)
+    pruned = step("baseline_pruned", prune_model, teacher=search["teacher"], arch=arch,
+                  importance=search["importance"])
+    model = step("baseline_model", distill_model, teacher=search["teacher"], student=pruned,
+                 corpus=search["corpus"], options=distill_options)
+    step("baseline_evaluation", evaluate_model, model=model, **suite)
+    return step("baseline_verification", verify_model, model=model, **measure)
+
+
+def seeded(options: dict[str, dict[str, Any]] | None, seed: int | None
+           ) -> dict[str, dict[str, Any]]:
+    """``options``, checked before any stage runs, with ``seed`` as the search seed
+    (``search.dnas.seed``: DNAS, random draws, score batches, Minitron's short
+    distillations) and the distillation seed, where the options do not set them already."""
+    options = check_options(options)
+    if seed is None:
+        return options
+    search = options.setdefault("search", {})
+    search["dnas"] = {"seed": seed, **dict(search.get("dnas") or {})}
+    options["distill"] = {"seed": seed, **options.get("distill", {})}
+    return options
+
+
+def build_lineage(outputs: dict[str, Any], params: dict[str, Any], flow_run_id: str | None,
+                  trigger_event: str | None = None) -> Lineage:
+    """The lineage record of a registered model from the flow's step outputs."""
+    validation = outputs.get("validation")
+    evaluation = outputs.get("evaluation")
+    verification = outputs.get("verification")
+    corpus = outputs.get("corpus")
+    costmodel = outputs.get("costmodel")
+    return Lineage(
+        teacher=str(params["teacher"]),
+        teacher_sha256=outputs["teacher"].sha256,
+        data_fingerprint=corpus.meta.get("fingerprint") if corpus is not None else None,
+        costmodel_version=costmodel.meta.get("version") if costmodel is not None else None,
+        costmodel_error=dict(validation.metrics) if validation is not None else {},
+        target=params.get("target"),
+        workload=params.get("workload"),
+        limits=outputs["limits"].model_dump(exclude_none=True),
+        scores=dict(evaluation.metrics) if evaluation is not None else {},
+        measured=dict(verification.metrics) if verification is not None else {},
+        flow_run_id=flow_run_id,
+        trigger_event=trigger_event,
+        artifacts=refs_of(outputs, LINEAGE),
+    )

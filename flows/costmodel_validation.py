@@ -12,8 +12,9 @@ from typing import Any
 
 from prefect import flow
 
+from autocompress.defaults import DEFAULT_TARGET, DEFAULT_WORKLOAD
 from autocompress.model_source import resolve_model_dir
-from autocompress.stage_options import check_options
+from autocompress.stage_config import check_options
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
 from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
 from tasks.teacher import publish_teacher
@@ -31,8 +32,8 @@ VALIDATION_STEPS: list[Step] = [
 @flow(name="costmodel_validation")
 def costmodel_validation(
     teacher: str = "default",
-    target: str = "cpu-local/hf-eager/fp32",
-    workload: str = "local-coding-cpu",
+    target: str = DEFAULT_TARGET,
+    workload: str = DEFAULT_WORKLOAD,
     fit: dict[str, Any] | None = None,
     validation: dict[str, Any] | None = None,
     experiment: str = "autocompress-costmodel",

@@ -25,16 +25,47 @@ from typing import Any
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from autocompress.defaults import DEFAULT_TARGET, DEFAULT_WORKLOAD
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 from autocompress.model_source import resolve_model_dir
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
-from flows.compress import COMPRESS_STEPS, STAGE_OPTIONS, seeded
-from tasks.costmodel import this_machine
+from flows.compress import STAGE_OPTIONS, seeded
+from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
+from tasks.data import prepare_corpus
+from tasks.distill import distill_model
+from tasks.evaluation import evaluate_model
+from tasks.prune import prune_model, score_importance
+from tasks.search import resolve_limits, search_arch
 from tasks.targets import family_member, family_search, joint_search, predict_arch
+from tasks.teacher import publish_teacher
 from tasks.verify import verify_model
 
-STEPS = {step.name: step for step in COMPRESS_STEPS}
+# The compress flow's stages wired by name (inputs: flow values or earlier steps' outputs),
+# so that this module can re-key them per target or per model (``keyed``).
+EVAL = dict(corpus="corpus", tasks="eval_tasks", config="eval_config", limit="eval_limit",
+            teacher="teacher")
+STEPS = {step.name: step for step in [
+    Step("teacher", publish_teacher, teacher_dir="teacher_dir", label="teacher"),
+    Step("corpus", prepare_corpus, corpus_dir="corpus_dir"),
+    Step("profile", profile_target, target="target", machine="machine"),
+    Step("costmodel", fit_costmodel, target="target", teacher="teacher", profile="profile",
+         options="costmodel_options", workload="workload"),
+    Step("validation", validate_costmodel, costmodel="costmodel", teacher="teacher",
+         workload="workload", options="validation_options"),
+    Step("limits", resolve_limits, teacher="teacher", costmodel="costmodel",
+         workload="workload", limits="limits", budget_fraction="budget_fraction"),
+    Step("importance", score_importance, teacher="teacher", corpus="corpus",
+         options="importance_options"),
+    Step("arch", search_arch, validation="validation", teacher="teacher", corpus="corpus",
+         importance="importance", costmodel="costmodel", target="target",
+         workload="workload", limits="limits", options="search_options"),
+    Step("pruned", prune_model, teacher="teacher", arch="arch", importance="importance"),
+    Step("model", distill_model, teacher="teacher", student="pruned", corpus="corpus",
+         options="distill_options"),
+    Step("teacher_eval", evaluate_model, model="teacher", **EVAL),
+    Step("evaluation", evaluate_model, model="model", **EVAL),
+]}
 SHARED = ("teacher", "corpus", "importance")
 # Steps that exist once per target (their outputs and the inputs of these names are keyed).
 PER_TARGET = ("target", "profile", "costmodel", "validation", "limits", "teacher_verification",
@@ -111,7 +142,7 @@ def _shared_steps(teacher_eval: bool = True) -> list[Step]:
 def compress_joint(
     teacher: str = "default",
     targets: list[str] | None = None,
-    workload: str = "interactive-cpu",
+    workload: str = DEFAULT_WORKLOAD,
     limits: Limits | None = None,
     budget_fraction: float | None = None,
     seed: int | None = None,
@@ -172,8 +203,8 @@ def budget_label(fraction: float) -> str:
 @flow(name="pareto")
 def pareto(
     teacher: str = "default",
-    target: str = "cpu-local/hf-eager/fp32",
-    workload: str = "interactive-cpu",
+    target: str = DEFAULT_TARGET,
+    workload: str = DEFAULT_WORKLOAD,
     budgets: list[float] | None = None,
     seed: int | None = None,
     eval_tasks: str | None = None,
@@ -249,7 +280,7 @@ class MatrixCell(BaseModel):
 def targets_matrix(
     teacher: str = "default",
     targets: list[str] | None = None,
-    workload: str = "interactive-cpu",
+    workload: str = DEFAULT_WORKLOAD,
     predicted_targets: list[str] | None = None,
     predicted_workload: str = "interactive",
     budget_fraction: float = 0.5,

@@ -21,14 +21,12 @@ def distill_model(ctx: StageContext, teacher: ArtifactRef, student: ArtifactRef,
     is the options' (default ``DEFAULT_TOKENS``)."""
     import torch
 
-    from autocompress.distill import DEFAULT_TOKENS, DistillConfig, DistillData, distill
+    from autocompress.distill import DistillData, distill
     from autocompress.modeling import load_causal_lm
-    from autocompress.stage_config import stage_config
-    from autocompress.stage_sizes import distill_sizes
+    from autocompress.stage_config import stage_settings
     from autocompress.training import latest_checkpoint
 
-    sizes = {"tokens": DEFAULT_TOKENS, **distill_sizes(teacher.metrics.get("params"))}
-    config = stage_config("distill", DistillConfig, options, sizes)
+    config = stage_settings("distill", options, teacher.metrics.get("params"))
     ctx.log_params({"distill": config.model_dump(mode="json")})
     teacher_model, teacher_tok = load_causal_lm(ctx.fetch(teacher))
     student_model, student_tok = load_causal_lm(ctx.fetch(student))

@@ -21,15 +21,14 @@ def evaluate_model(ctx: StageContext, model: ArtifactRef, corpus: ArtifactRef,
     """
     import torch
 
-    from autocompress.evaluation.suite import EvalConfig, evaluate
+    from autocompress.evaluation.suite import evaluate
     from autocompress.modeling import load_causal_lm
-    from autocompress.stage_config import stage_config
-    from autocompress.stage_sizes import eval_sizes
+    from autocompress.stage_config import EVAL_STAGE, stage_settings
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     lm, tokenizer = load_causal_lm(ctx.fetch(model))
-    sizes = eval_sizes(teacher.metrics.get("params")) if teacher is not None else {}
-    cfg = stage_config("evaluate", EvalConfig, config, sizes)
+    cfg = stage_settings(EVAL_STAGE, config,
+                         teacher.metrics.get("params") if teacher is not None else None)
     ctx.log_params({"tasks": tasks or "local", "limit": limit, "eval": cfg.model_dump()})
     result = evaluate(lm, tokenizer, tasks=tasks, config=cfg, limit=limit,
                       work_dir=ctx.workdir / "eval", corpus_dir=ctx.working_copy(corpus),

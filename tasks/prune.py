@@ -18,14 +18,13 @@ def score_importance(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRe
     """
     import torch
 
-    from autocompress.importance import CalibrationConfig, importance_for_checkpoint
-    from autocompress.stage_config import stage_config
-    from autocompress.stage_sizes import importance_sizes
+    from autocompress.importance import importance_for_checkpoint
+    from autocompress.stage_config import stage_settings
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    calib = stage_config("importance", CalibrationConfig,
-                         {**(options or {}), "corpus_dir": str(ctx.working_copy(corpus))},
-                         importance_sizes(teacher.metrics.get("params")))
+    calib = stage_settings("importance",
+                           {**(options or {}), "corpus_dir": str(ctx.working_copy(corpus))},
+                           teacher.metrics.get("params"))
     ctx.log_params({"calibration": calib.model_dump(exclude={"corpus_dir"})})
     path = ctx.scratch() / "importance.safetensors"
     scores = importance_for_checkpoint(ctx.fetch(teacher), calib, out_path=path, progress=True)

@@ -28,12 +28,10 @@ from tasks.stage import StageContext, stage
 def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
              importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
              options: dict | None):
-    from autocompress.stage_config import stage_config
-    from autocompress.stage_sizes import search_sizes
+    from autocompress.stage_config import stage_settings
 
     # Unset sizes follow the teacher's size (stage_sizes); explicit options win.
-    config = stage_config("search", SearchConfig, options,
-                          search_sizes(teacher.metrics.get("params")))
+    config: SearchConfig = stage_settings("search", options, teacher.metrics.get("params"))
     ctx.log_params({"search": config.model_dump(mode="json")})
     search_ctx = SearchContext.build(
         str(ctx.fetch(teacher)), target, workload, config=config,

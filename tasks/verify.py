@@ -20,10 +20,10 @@ def verify_model(ctx: StageContext, model: ArtifactRef, costmodel: ArtifactRef, 
     ``machine`` keys the cache: a measurement is valid on the machine that took it.
     """
     from autocompress.costmodel import CostModel
-    from autocompress.stage_config import VerifyOptions, stage_config
+    from autocompress.stage_config import stage_settings
     from autocompress.verify import verify
 
-    opts = stage_config("verify", VerifyOptions, options).model_dump()
+    opts = stage_settings("verify", options).model_dump()
     ctx.log_params({"verify": opts, "machine": machine})
     report = verify(ctx.fetch(model), target, workload, limits,
                     cost_model=CostModel.load(ctx.fetch(costmodel)), **opts)

@@ -173,7 +173,7 @@ def test_every_stage_option_is_checked_before_any_stage_runs(tmp_path, capsys, m
 
 def test_valid_stage_options_pass_and_the_flows_check_them_too():
     from autocompress.errors import AutoCompressError
-    from autocompress.stage_options import STAGE_CONFIGS, check_options
+    from autocompress.stage_config import STAGE_CONFIGS, check_options
     from bench.targets import OPTIONS
     from flows.compress import seeded
 
@@ -196,7 +196,7 @@ def test_a_bad_eval_config_stops_the_flow_before_any_stage(tmp_path, monkeypatch
                                                            autocompress_home):
     """The suite's sizes are checked when the flow starts, not at its evaluate stage."""
     from autocompress.errors import AutoCompressError
-    from autocompress.stage_options import check_eval_config
+    from autocompress.stage_config import check_eval_config
     from flows.compress import compress
 
     assert check_eval_config({"num_items": 20}) == {"num_items": 20}

@@ -162,19 +162,3 @@ def test_engine_greedy_tokens_do_not_depend_on_the_batch(tmp_path):
         with open_session(path, TINY.model_copy(update={"batch": 1}), threads=1) as one:
             alone += generate(one, [prompt])
     assert together == alone
-
-
-def test_compress_flow_exports_verifies_and_registers_the_engine_file():
-    """An engine target puts the GGUF export between distillation and verification,
-    and the registered model (and its lineage) is that file."""
-    from flows.compress import CHAIN, COMPRESS_STEPS, REGISTER_STEP, steps_for_target
-
-    plain = steps_for_target("cpu-local/hf-eager/fp32", COMPRESS_STEPS)
-    assert plain == (COMPRESS_STEPS, REGISTER_STEP, CHAIN)
-    steps, register, chain = steps_for_target(TARGET, COMPRESS_STEPS)
-    names = [step.name for step in steps]
-    assert names.index("model") < names.index("engine_model") < names.index("verification")
-    verification = next(step for step in steps if step.name == "verification")
-    assert verification.inputs["model"] == "engine_model"
-    assert register.inputs["model"] == "engine_model"
-    assert chain[-2:] == ["engine_model", "verification"]

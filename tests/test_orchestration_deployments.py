@@ -77,10 +77,10 @@ def test_entrypoints_load_and_parameters_validate(deployments):
 
 
 def test_placement_names_steps_and_pools_that_exist(deployments):
-    from flows.compress import BASELINE_STEPS, COMPRESS_STEPS
+    from flows.compress import STEP_NAMES
     from flows.smoke import SMOKE_STEPS
 
-    steps = {s.name for s in [*COMPRESS_STEPS, *BASELINE_STEPS, *SMOKE_STEPS]}
+    steps = {*STEP_NAMES, *(s.name for s in SMOKE_STEPS)}
     pools = {dep["work_pool"]["name"] for dep in deployments}
     stage_pools = {dep["name"] for dep in deployments
                    if dep["entrypoint"] == "flows.placement.run_stage"}

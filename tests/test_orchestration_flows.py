@@ -33,10 +33,11 @@ from autocompress.tracking import Lineage, get_tracker  # noqa: E402
 from flows.common import (  # noqa: E402
     FlowReport,
     Step,
+    Steps,
     finish_report,
     new_report,
     run_steps,
-    tracked_flow,  # noqa: E402
+    tracked_flow,
 )
 from tasks.data import prepare_corpus  # noqa: E402
 from tasks.distill import distill_model  # noqa: E402
@@ -106,33 +107,27 @@ def flaky(ctx: StageContext, model: ArtifactRef) -> ArtifactRef:
     return ctx.publish_json("flaky.json", {"model": model.sha256})
 
 
-DEMO_STEPS = [
-    Step("teacher", tiny_teacher, seed="seed"),
-    Step("report", loss_report, model="teacher"),
-    Step("late", late, model="teacher", report="report"),
-]
-
-
 @flow(name="orchestration-demo")
 def demo_flow(seed: int = 0, experiment: str = "test", with_flaky: bool = False,
               register_as: str | None = None) -> FlowReport:
+    """A flow written as the compress flow is: plain calls of stage tasks through ``Steps``."""
     started = time.perf_counter()
     with tracked_flow("orchestration-demo", {"seed": seed}, experiment) as run:
         report = new_report("orchestration-demo", run)
-        values = {"seed": seed, "with_flaky": with_flaky}
-        steps = [*DEMO_STEPS, *([Step("flaky", flaky, model="teacher")] if with_flaky else [])]
-        run_steps(steps, values, run, report)
+        step = Steps(run, report)
+        teacher = step("teacher", tiny_teacher, seed=seed)
+        losses = step("report", loss_report, model=teacher)
+        step("late", late, model=teacher, report=losses)
+        if with_flaky:
+            step("flaky", flaky, model=teacher)
         if register_as:
-            values["name"] = register_as
-            values["lineage"] = Lineage(
-                teacher=f"tiny-llama-seed{seed}", teacher_sha256=values["teacher"].sha256,
-                scores=dict(values["report"].metrics), flow_run_id=run.flow_run_id,
-                artifacts={k: values[k] for k in ("teacher", "report", "late")},
+            lineage = Lineage(
+                teacher=f"tiny-llama-seed{seed}", teacher_sha256=teacher.sha256,
+                scores=dict(losses.metrics), flow_run_id=run.flow_run_id,
+                artifacts={k: step.outputs[k] for k in ("teacher", "report", "late")},
             )
-            run_steps([Step("registered", register_model, name="name", model="teacher",
-                            lineage="lineage")], values, run, report)
-        report.outputs = {k: v for k, v in values.items()
-                          if k in ("teacher", "report", "late", "flaky", "registered")}
+            step("registered", register_model, name=register_as, model=teacher, lineage=lineage)
+        report.outputs = dict(step.outputs)
         return finish_report(report, run, started)
 
 
@@ -453,3 +448,112 @@ def test_a_crash_during_distillation_resumes_to_the_same_model(env, tiny_corpus,
     assert {k: v.shape for k, v in got.items()} == {k: v.shape for k, v in want.items()}
     for name, tensor in want.items():  # the same model as the uninterrupted run, bit for bit
         assert torch.equal(got[name], tensor), name
+
+
+# ---------------------------------------------------------------- the compress flow's graph
+
+
+class RecordedSteps:
+    """Stands in for ``flows.common.Steps`` in the compress flow: records each step's name and
+    inputs and returns a reference (the resolved limits for ``limits``), running nothing."""
+
+    calls: list[tuple[str, str, dict]] = []
+
+    def __init__(self, run, report, placement=None):
+        self.outputs: dict = {}
+
+    def __call__(self, name, stage, /, **inputs):
+        from autocompress.limits import Limits
+
+        self.calls.append((name, stage.name, inputs))
+        result = (Limits(max_tpot_ms=4.0) if name == "limits" else
+                  ArtifactRef(uri=f"file:///x/{name}", sha256="0" * 64, kind="x",
+                              metrics={"tpot_ms": 9.0, "ok": 1.0}))
+        self.outputs[name] = result
+        return result
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    """The compress flow's body with its steps recorded, not run: ``recorded(**params)``
+    returns the calls as (step, stage, inputs)."""
+    import flows.compress as compress_flow
+
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(compress_flow, "Steps", RecordedSteps)
+
+    def run(**params):
+        RecordedSteps.calls = []
+        try:
+            compress_flow.compress.fn(**{"limits": {"max_tpot_ms": 4.0}, "track": False,
+                                         **params})
+        finally:
+            calls = list(RecordedSteps.calls)
+        return calls
+
+    return run
+
+
+def _names(calls) -> list[str]:
+    return [name for name, _stage, _inputs in calls]
+
+
+def test_the_compress_flow_runs_the_recipes_steps_in_order(recorded):
+    """The flow's body is the recipe (``autocompress.recipe.STEPS``), and every step name it
+    uses is one placement may name."""
+    from autocompress.recipe import STEPS
+    from flows.compress import STEP_NAMES
+
+    calls = recorded(register_as="m")
+    assert _names(calls) == list(STEPS)
+    calls += recorded(baseline=True, target="cpu-local/llama.cpp/q8_0")
+    assert set(_names(calls)) == set(STEP_NAMES)
+
+
+def test_the_compress_flow_times_the_teacher_first_and_stops_there_on_another_host(recorded):
+    """The teacher is verified right after the limits are resolved, before importance and the
+    search, so a run under limits carried from another host stops before any real work."""
+    from autocompress.errors import AutoCompressError
+    from autocompress.limits import HOST_REFUSAL
+
+    elsewhere = {"from": "earlier.json", "teacher_measured": {"tpot_ms": 6.0}}
+    with pytest.raises(AutoCompressError, match=HOST_REFUSAL):
+        recorded(limits_origin=elsewhere)
+    assert _names(RecordedSteps.calls)[-1] == "teacher_verification"
+    same_host = {"from": "earlier.json", "teacher_measured": {"tpot_ms": 8.5}}
+    assert _names(recorded(limits_origin=same_host, register_as=None))[-1] == "verification"
+
+
+def test_each_method_finds_the_architecture_with_its_own_stage(recorded):
+    """autocompress: the search behind the gate; greedy/random: the ablation stage with its
+    method, behind the gate; minitron: the baseline's pick (no gate input)."""
+    from autocompress.defaults import METHODS
+    from autocompress.errors import AutoCompressError
+
+    arch = {m: next(c for c in recorded(method=m, register_as=None) if c[0] == "arch")
+            for m in METHODS}
+    assert arch["autocompress"][1] == "search" and "validation" in arch["autocompress"][2]
+    assert arch["greedy"][1] == arch["random"][1] == "ablation"
+    assert arch["random"][2]["method"] == "random" and "validation" in arch["greedy"][2]
+    assert arch["minitron"][1] == "minitron" and "validation" not in arch["minitron"][2]
+    with pytest.raises(AutoCompressError, match="unknown method 'bogus'"):
+        recorded(method="bogus")
+    assert RecordedSteps.calls == []  # refused before any step
+
+
+def test_an_engine_target_exports_verifies_and_registers_the_engine_file(recorded):
+    """An engine target puts the GGUF export between distillation and verification, and the
+    registered model (and its lineage) is that file."""
+    calls = recorded(target="cpu-local/llama.cpp/q8_0", register_as="m")
+    names = _names(calls)
+    assert names.index("model") < names.index("engine_model") < names.index("verification")
+    inputs = {name: given for name, _stage, given in calls}
+    engine_file = "file:///x/engine_model"
+    assert inputs["verification"]["model"].uri == engine_file
+    assert inputs["registered"]["model"].uri == engine_file
+    chain = list(inputs["registered"]["lineage"].artifacts)
+    assert chain.index("engine_model") == chain.index("verification") - 1
+    plain = recorded(register_as="m")
+    assert "engine_model" not in _names(plain)
+    assert {name: given for name, _s, given in plain}["registered"]["model"].uri == \
+        "file:///x/model"

@@ -188,35 +188,3 @@ def test_limits_carried_from_a_host_that_read_the_teacher_elsewhere_are_refused(
     check_same_host(limits, {"tpot_ms": 6.5}, {"tpot_ms": 6.0})  # +8%: the same host
     check_same_host(limits, {"tpot_ms": 6.0, "ttft_ms": 90.0}, {"tpot_ms": 6.0, "ttft_ms": 30.0})
     check_same_host(limits, {"tpot_ms": 9.0}, {})  # nothing recorded there: nothing to check
-
-
-def test_the_compress_flow_times_the_teacher_first_and_stops_there_on_another_host(
-        monkeypatch, autocompress_home):
-    """The teacher is verified right after the limits are resolved, before importance and the
-    search, so a run under limits carried from another host stops before any real work."""
-    import flows.compress as compress_flow
-    from autocompress.artifacts import ArtifactRef
-    from autocompress.limits import HOST_REFUSAL
-
-    ran: list[str] = []
-
-    def fake_run_steps(steps, values, run, report, placement=None):
-        for step in steps:
-            ran.append(step.name)
-            values[step.name] = ArtifactRef(uri=f"file:///x/{step.name}", sha256="0" * 64,
-                                            kind="x", metrics={"tpot_ms": 9.0, "ok": 1.0})
-
-    monkeypatch.setattr(compress_flow, "run_steps", fake_run_steps)
-    for method in compress_flow.METHODS:
-        names = [s.name for s in compress_flow.steps_for(method)]
-        assert names.index("limits") < names.index("teacher_verification") < names.index(
-            "importance") < names.index("arch")
-    run = dict(limits={"max_tpot_ms": 4.0}, track=False, register_as=None)
-    with pytest.raises(AutoCompressError, match=HOST_REFUSAL):
-        compress_flow.compress.fn(**run, limits_origin={"from": "earlier.json",
-                                                        "teacher_measured": {"tpot_ms": 6.0}})
-    assert ran[-1] == "teacher_verification" and "importance" not in ran
-    ran.clear()
-    compress_flow.compress.fn(**run, limits_origin={"from": "earlier.json",
-                                                    "teacher_measured": {"tpot_ms": 8.5}})
-    assert ran[-1] == "verification" and "arch" in ran

@@ -54,13 +54,10 @@ from autocompress.arch_search.minitron import (
 from autocompress.arch_search.space import Choice
 from autocompress.arch_search.trajectory import plot_trajectory, save_trajectory
 from autocompress.atomic import remove_path, write_json_atomic
+from autocompress.defaults import METHODS
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 from autocompress.progress import Bar
-
-# How an architecture can be found (``run_method``): the search, and its baseline and ablations.
-METHODS = ("autocompress", "greedy", "random", "minitron")
-
 
 # ------------------------------------------------------------------ outcomes
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autocompress.atomic import write_json_atomic
+from autocompress.defaults import DEFAULT_TARGET
 from autocompress.errors import AutoCompressError
 
 hardware_app = typer.Typer(
@@ -256,7 +257,7 @@ def _workloads(names: list[str] | None):
 
 @costmodel_app.command("fit")
 def fit(
-    target: str = typer.Option("cpu-local/hf-eager/fp32", "--target",
+    target: str = typer.Option(DEFAULT_TARGET, "--target",
                                help="A measurable target: cpu-local/hf-eager/fp32|bf16 or "
                                "cpu-local/llama.cpp/f32|f16|q8_0|q4_0."),
     probes: int = typer.Option(20, "--probes", help="Probe architectures to measure."),
@@ -310,7 +311,7 @@ def fit(
 
 @costmodel_app.command("validate")
 def validate(
-    target: str = typer.Option("cpu-local/hf-eager/fp32", "--target",
+    target: str = typer.Option(DEFAULT_TARGET, "--target",
                                help="A measurable target: cpu-local/hf-eager/fp32|bf16 or "
                                "cpu-local/llama.cpp/f32|f16|q8_0|q4_0."),
     n: int = typer.Option(30, "--n", help="Sampled architectures."),

@@ -12,11 +12,30 @@ import time
 from typing import Any
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autocompress.commands.limit_options import NO_LIMITS, budget_fraction_option, limit_options
+from autocompress.commands import format_option, print_json
+from autocompress.commands.aliases import (
+    PRINT_JSON,
+    Alias,
+    aliased,
+    model_or_positional,
+    old_positional,
+    renamed,
+    setting,
+)
+from autocompress.commands.limit_options import LIMIT_ALIASES, NO_LIMITS, limit_options
+from autocompress.commands.settings import config_option, load_settings, read_entries
+from autocompress.defaults import (
+    DEFAULT_METHOD,
+    DEFAULT_TARGET,
+    DEFAULT_TEACHER,
+    DEFAULT_WORKLOAD,
+    METHODS,
+)
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 
@@ -36,58 +55,125 @@ _ROWS = {
 }
 
 
+RUN_CONFIG_EXAMPLE = (
+    "Keys: the flow's stages (costmodel, validation, importance, search, distill, verify: "
+    "each its config's settings, e.g. search.dnas.steps=80, distill.tokens=60000) and the "
+    "run's own: eval_tasks=local, eval_limit=N (items per benchmark, for quick runs), "
+    "register_as=NAME (null: do not register), experiment=NAME (MLflow), track=false (no "
+    "MLflow), store=DIR|s3://bucket/prefix (default $AUTOCOMPRESS_STORE), "
+    "refresh_cache=true (recompute every stage)."
+)
+MODEL_HELP_RUN = ("The teacher to compress: a named teacher (`default`, `smollm2-135m`), a "
+                  "model directory, a hub id, or models:/NAME/VERSION from the MLflow registry.")
+BUDGET_HELP = (
+    "Set a limit at this fraction of the teacher's predicted cost on the workload's main "
+    "metric (0.5 = half the teacher's TPOT on interactive-cpu); combines with --limit. A "
+    "comma list (0.3,0.5,0.7) is a Pareto family from one search: one model per budget, "
+    "each verified on the target."
+)
+
+# Old spellings (one release): the model, the stage options, and the run's own settings
+# that moved into --config.
+RUN_ALIASES = {
+    **LIMIT_ALIASES,
+    "--teacher": renamed("--model"),
+    "--options": Alias("--config", convert=lambda text: text.removeprefix("@")),
+    "--budgets": renamed("--budget-fraction"),
+    "--eval-tasks": setting("eval_tasks"), "--eval-limit": setting("eval_limit"),
+    "--register-as": setting("register_as"), "--no-register": setting("register_as", "null"),
+    "--store": setting("store"), "--experiment": setting("experiment"),
+    "--no-track": setting("track", "false"), "--refresh-cache": setting("refresh_cache", "true"),
+}
+
+
+class RunSettings(BaseModel):
+    """The run's own settings in ``--config`` (beside the stages' settings)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eval_tasks: str | None = None
+    eval_limit: int | None = Field(None, ge=1)
+    register_as: str | None = "autocompress-compressed"
+    experiment: str = "autocompress"
+    track: bool = True
+    store: str | None = None
+    refresh_cache: bool = False
+
+
 def register(app: typer.Typer) -> None:
     """Add ``run`` and ``lineage`` to the main app."""
-    app.command("run")(limit_options(run))
-    app.command("lineage")(lineage_command)
+    app.command("run", cls=aliased(RUN_ALIASES))(limit_options(run_command))
+    app.command("lineage", cls=aliased(PRINT_JSON))(lineage_command)
 
 
-def run(
-    teacher: str = typer.Option("default", help="A named teacher (`default`, `smollm2-135m`), a "
-                                "model directory, a hub id, or models:/NAME/VERSION from the "
-                                "MLflow registry."),
+def run_command(
+    model: str = typer.Option(DEFAULT_TEACHER, "--model", "-m", help=MODEL_HELP_RUN),
     target: list[str] = typer.Option(
-        ["cpu-local/hf-eager/fp32"], help="Hardware/engine/dtype the model must run on; "
+        [DEFAULT_TARGET], "--target", help="Hardware/engine/dtype the model must run on; "
         "repeat it for one architecture that meets every target's limits (a joint search)."),
-    workload: str = typer.Option("local-coding-cpu", help="Workload preset name."),
+    workload: str = typer.Option(DEFAULT_WORKLOAD, "--workload", "-w",
+                                 help="Workload preset name (`autocompress costmodel presets`)."),
     limits: Limits = NO_LIMITS,
-    budget_fraction: float | None = budget_fraction_option(),
-    budgets: str | None = typer.Option(
-        None, help="A Pareto family from one search: budget fractions, comma-separated "
-        "(e.g. 0.3,0.4,0.5,0.6,0.7); one model per budget, each verified on the target."),
-    baseline: bool = typer.Option(False, help="Also run the Minitron baseline for comparison."),
+    budget_fraction: str | None = typer.Option(None, "--budget-fraction", help=BUDGET_HELP),
     method: str = typer.Option(
-        "autocompress", help="How the architecture is found: autocompress (the search), greedy "
-        "(repair from the teacher, no DNAS), random (random search, as many scored "
-        "architectures as the search) or minitron (the fair homogeneous baseline)."),
-    seed: int | None = typer.Option(None, help="Search and distillation seed (default: the "
-                                    "options' own, else 0)."),
-    eval_tasks: str | None = typer.Option(None, help="Benchmarks (comma list; default: the "
-                                          "local code suite)."),
-    eval_limit: int | None = typer.Option(None, help="Cap items per benchmark (quick runs)."),
-    register_as: str = typer.Option("autocompress-compressed",
-                                    help="MLflow registry name of the compressed model."),
-    no_register: bool = typer.Option(False, "--no-register", help="Do not register the model."),
-    store: str | None = typer.Option(None, help="Artifact store: a directory or "
-                                     "s3://bucket/prefix (default $AUTOCOMPRESS_STORE or "
-                                     "$AUTOCOMPRESS_HOME/artifacts)."),
-    experiment: str = typer.Option("autocompress", help="MLflow experiment name."),
-    no_track: bool = typer.Option(False, "--no-track", help="Do not log to MLflow."),
-    refresh_cache: bool = typer.Option(False, help="Recompute every stage instead of reusing "
-                                       "cached results."),
-    options: str | None = typer.Option(
-        None, help='Per-stage settings as JSON or @FILE, e.g. \'{"costmodel": {"n_probes": 8}, '
-        '"validation": {"n": 6, "max_mape": 40}}\'.'),
+        DEFAULT_METHOD, "--method", help="How the architecture is found: autocompress (the "
+        "search), greedy (repair from the teacher, no DNAS), random (random search, as many "
+        "scored architectures as the search) or minitron (the fair homogeneous baseline)."),
+    baseline: bool = typer.Option(False, "--baseline",
+                                  help="Also run the Minitron baseline for comparison."),
+    seed: int | None = typer.Option(None, "--seed", help="Search and distillation seed "
+                                    "(default: the stages' own, else 0)."),
+    config: list[str] = config_option(RUN_CONFIG_EXAMPLE),
 ) -> None:
     """Compress a teacher to meet the limits on a target (the full Prefect flow).
 
-    Re-running with the same options reuses every finished stage; a failed run
+    Re-running with the same settings reuses every finished stage; a failed run
     continues where it stopped. Results go to the artifact store and MLflow
     (embedded sqlite under $AUTOCOMPRESS_HOME unless MLFLOW_TRACKING_URI is set).
     """
-    started = time.perf_counter()
-    from autocompress.arch_search.run import METHODS
+    from autocompress.stage_config import STAGE_CONFIGS
 
+    entries = read_entries(config)
+    stages = {key: value for key, value in entries.items() if key in STAGE_CONFIGS}
+    own = load_settings(RunSettings, [], "run",
+                        base={k: v for k, v in entries.items() if k not in STAGE_CONFIGS},
+                        takes=", ".join([*STAGE_CONFIGS, *RunSettings.model_fields]))
+    fraction, budgets = _fraction_or_family(budget_fraction)
+    run(teacher=model, target=target, workload=workload, limits=limits,
+        budget_fraction=fraction, budgets=budgets, baseline=baseline, method=method,
+        seed=seed, eval_tasks=own.eval_tasks, eval_limit=own.eval_limit,
+        register_as=own.register_as or "", no_register=own.register_as is None,
+        store=own.store, experiment=own.experiment, no_track=not own.track,
+        refresh_cache=own.refresh_cache, options=stages)
+
+
+def _fraction_or_family(text: str | None) -> tuple[float | None, str | None]:
+    """``--budget-fraction``: one fraction, or a comma list (a family's budgets)."""
+    if text is None:
+        return None, None
+    if "," in text:
+        return None, text
+    try:
+        return float(text), None
+    except ValueError:
+        raise AutoCompressError(f"--budget-fraction {text!r} is not a number",
+                                "e.g. --budget-fraction 0.5, or 0.3,0.5,0.7 for a family") from None
+
+
+def run(*, teacher: str = DEFAULT_TEACHER, target: list[str] | None = None,
+        workload: str = DEFAULT_WORKLOAD, limits: Limits = NO_LIMITS,
+        budget_fraction: float | None = None, budgets: str | None = None,
+        baseline: bool = False, method: str = DEFAULT_METHOD, seed: int | None = None,
+        eval_tasks: str | None = None, eval_limit: int | None = None,
+        register_as: str = "autocompress-compressed", no_register: bool = False,
+        store: str | None = None, experiment: str = "autocompress", no_track: bool = False,
+        refresh_cache: bool = False, options: str | dict | None = None) -> None:
+    """The run behind ``autocompress run`` (and ``demo``), in the CLI's own words.
+
+    ``options`` is the stages' settings: a dict, or JSON text / ``@FILE`` as the flows take.
+    """
+    target = target or [DEFAULT_TARGET]
+    started = time.perf_counter()
     if method not in METHODS:  # before Prefect starts: one line, exit 2
         raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
     if not no_register:  # a bad name fails here, not after hours of compression
@@ -95,9 +181,11 @@ def run(
 
         check_registry_name(register_as)
     fractions = many_targets_mode(target, budgets, budget_fraction, limits, method, baseline)
-    from autocompress.stage_options import parse_options
+    from autocompress.stage_config import check_options, parse_options
 
-    stage_options = parse_options(options)  # every stage's settings, before any stage runs
+    # Every stage's settings are checked before any stage runs.
+    stage_options = (check_options(options) if isinstance(options, dict)
+                     else parse_options(options))
     _prepare_environment()
     if refresh_cache:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
@@ -254,7 +342,7 @@ def print_report(report, wall_s: float) -> None:
     registered = report.outputs.get("registered")
     if registered is not None:
         console.print(f"registered [bold]{registered.name}@{registered.version}[/bold] — "
-                      f"`autocompress lineage {registered.name}@{registered.version}`")
+                      f"`autocompress lineage --model {registered.name}@{registered.version}`")
     if report.tracking_uri:
         console.print(f"MLflow: run {report.mlflow_run_id} in {report.tracking_uri} — "
                       f"`mlflow ui --backend-store-uri {report.tracking_uri}`")
@@ -262,10 +350,12 @@ def print_report(report, wall_s: float) -> None:
 
 
 def lineage_command(
-    model: str = typer.Argument(..., help="NAME, NAME@VERSION or NAME@ALIAS of a registered "
-                                "model (latest version when no version is given)."),
+    model: str = typer.Option(None, "--model", "-m", help="NAME, NAME@VERSION or NAME@ALIAS "
+                              "of a registered model (latest version when no version is "
+                              "given). Required."),
     no_check: bool = typer.Option(False, "--no-check", help="Do not re-hash the artifacts."),
-    json_out: bool = typer.Option(False, "--json", help="Print the lineage as JSON."),
+    fmt: str = format_option("the lineage"),
+    old_model: str = old_positional(),
 ) -> None:
     """Show where a registered model came from and re-check every artifact's hash.
 
@@ -273,9 +363,9 @@ def lineage_command(
     """
     from autocompress.tracking import lineage, parse_model_ref
 
-    name, version = parse_model_ref(model)
+    name, version = parse_model_ref(model_or_positional(model, old_model))
     report = lineage(name, version, check=not no_check)
-    if json_out:
+    if print_json(fmt):
         typer.echo(report.model_dump_json(indent=1))
     else:
         _print_lineage(report)
