@@ -12,12 +12,16 @@ command lines are started as programs and probed over HTTP.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,8 +161,76 @@ def wait_http(service: Service, path: str, timeout: float = START_TIMEOUT_S) -> 
 
 
 def prefect_server_argv(port: int) -> list[str]:
-    return [venv_program("prefect"), "server", "start", "--host", "127.0.0.1",
-            "--port", str(port), "--analytics-off", "--log-level", "WARNING"]
+    """Prefect's server behind the Host/Origin guard of ``tasks.prefect_server``."""
+    return [sys.executable, "-m", "tasks.prefect_server", "--port", str(port)]
+
+
+def local_origins(port: int) -> list[str]:
+    """The origins the Prefect UI is served from: the only ones allowed to call its API."""
+    return [f"http://127.0.0.1:{port}", f"http://localhost:{port}"]
+
+
+def new_auth_string() -> str:
+    """A fresh ``user:password`` for the Prefect API's basic auth (one per serve)."""
+    return f"autocompress:{secrets.token_urlsafe(24)}"
+
+
+def secured_server_env(port: int, auth_string: str) -> dict[str, str]:
+    """Prefect server settings that shut out other users and web pages.
+
+    Basic auth on every API call (the UI asks for the string once), CSRF tokens on
+    every state change, and CORS answered only for the UI's own origin. The Host and
+    Origin guard in ``tasks.prefect_server`` comes on top of these.
+    """
+    return {
+        "PREFECT_SERVER_API_AUTH_STRING": auth_string,
+        "PREFECT_SERVER_API_CSRF_PROTECTION_ENABLED": "true",
+        "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ",".join(local_origins(port)),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+
+
+@dataclass
+class PrefectAPI:
+    """JSON calls to a secured Prefect API with the standard library (auth and CSRF)."""
+
+    url: str  # ends in /api
+    auth_string: str | None = None
+    csrf: dict[str, str] | None = None  # fetched on the first state change
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.auth_string:
+            token = base64.b64encode(self.auth_string.encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        return headers
+
+    def _csrf_headers(self) -> dict[str, str]:
+        if self.csrf is None:
+            client = f"autocompress-{secrets.token_hex(8)}"
+            request = urllib.request.Request(f"{self.url}/csrf-token?client={client}",
+                                             headers=self.headers())
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    token = json.loads(response.read())["token"]
+            except urllib.error.HTTPError as err:
+                if err.code != 422:  # 422: the server has CSRF protection off
+                    raise
+                token = None
+            self.csrf = {"Prefect-Csrf-Token": token, "Prefect-Csrf-Client": client} \
+                if token else {}
+        return self.csrf
+
+    def call(self, path: str, body: dict | None = None):
+        """GET ``path`` (POST with ``body`` as JSON) and return the decoded answer."""
+        headers = self.headers()
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers.update(self._csrf_headers())
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
 
 
 def start_mlflow_server(stack: Stack, port: int, backend_uri: str, artifacts: str,

@@ -37,13 +37,21 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from autocompress.serving import Stack, free_port, venv_program, worker_argv, worker_env
+from autocompress.serving import (
+    PrefectAPI,
+    Stack,
+    free_port,
+    venv_program,
+    worker_argv,
+    worker_env,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -55,13 +63,15 @@ EXPERIMENT = "served"
 # ---------------------------------------------------------------- helpers
 
 
-def api(base: str, path: str, body: dict | None = None):
-    """JSON from the Prefect REST API (POST when ``body`` is given)."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"{base}{path}", data=data,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+def status_of(url: str, body: dict, headers: dict[str, str]) -> int:
+    """The HTTP status a POST of ``body`` to ``url`` with ``headers`` gets."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
 
 
 def wait_for(check, timeout: float, what: str, diagnose=lambda: ""):
@@ -182,7 +192,8 @@ def served(tmp_path_factory, s3, mlflow_db_template):
         wait_for(lambda: "ready" in out.read_text() or serve.poll() is not None, 400,
                  "serve to be ready", out.read_text)
         assert serve.poll() is None, out.read_text()
-        yield {"tmp": tmp, "home": home, "env": joined, "serve": serve, "out": out,
+        api = PrefectAPI(f"http://127.0.0.1:{port}/api", joined["PREFECT_API_AUTH_STRING"])
+        yield {"tmp": tmp, "home": home, "env": joined, "serve": serve, "out": out, "api": api,
                "workers": workers, "prefect": f"http://127.0.0.1:{port}",
                "mlflow": f"http://127.0.0.1:{mlflow_port}", "s3": s3}
     finally:
@@ -200,16 +211,53 @@ def served(tmp_path_factory, s3, mlflow_db_template):
 # ---------------------------------------------------------------- the test
 
 
+def test_serve_refuses_web_pages_strangers_and_command_overrides(served):
+    """The attack of a web page on a served API: a flow run whose worker runs a command.
+
+    Runs before the main test (same stack): nothing it tries may start a flow run.
+    """
+    api = served["api"]
+    (nightly,) = [d for d in api.call("/deployments/filter", {}) if d["name"] == "nightly-cpu"]
+    marker = served["tmp"] / "pwned"
+    attack = {"job_variables": {"command": f"sh -c 'id > {marker}'"}}
+    url = f"{api.url}/deployments/{nightly['id']}/create_flow_run"
+    host = served["prefect"].removeprefix("http://")
+    password = api.headers()["Authorization"]
+    # A page on another site (even one that learnt the password), a DNS-rebinding page
+    # (its own host name), a local process without the password, one without CSRF token.
+    assert status_of(url, attack, {"Origin": "http://evil.example"}) == 403
+    assert status_of(url, attack, {"Origin": "http://evil.example",
+                                   "Authorization": password}) == 403
+    assert status_of(url, attack, {"Host": f"evil.example:{host.split(':')[1]}",
+                                   "Origin": f"http://evil.example:{host.split(':')[1]}"}) == 403
+    assert status_of(url, attack, {"Origin": served["prefect"]}) in (401, 403)
+    with pytest.raises(urllib.error.HTTPError) as unauthorized:  # reading needs it too
+        urllib.request.urlopen(f"{api.url}/deployments/{nightly['id']}", timeout=30)
+    assert unauthorized.value.code == 401
+    assert status_of(url, attack, {"Authorization": password}) == 403  # no CSRF token
+    # With the password and a CSRF token, the override itself is refused by the pools'
+    # job template (no `command`, `env` or `working_dir` variable).
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        api.call(f"/deployments/{nightly['id']}/create_flow_run", attack)
+    assert refused.value.code == 422
+    time.sleep(3)  # three polls of the cpu worker
+    runs = api.call("/flow_runs/filter",
+                    {"flow_runs": {"deployment_id": {"any_": [nightly["id"]]}}})
+    assert runs == [] and not marker.exists()
+    # The password reaches workers only through the owner-only worker.env.
+    assert (served["home"] / "worker.env").stat().st_mode & 0o077 == 0
+
+
 # About two minutes alone on 2 cores; many more when the machine is shared, so the
 # per-test limit (600 s in pyproject) is raised here; every wait has its own bound.
 @pytest.mark.timeout(1500)
 def test_served_event_retry_distributed_and_uis(served):
-    base = served["prefect"] + "/api"
+    api = served["api"]
     env = served["env"]
     tmp = served["tmp"]
 
     # 1. The cron schedule is on the served deployment (paused by served_spec).
-    deployments = {d["name"]: d for d in api(base, "/deployments/filter", {})}
+    deployments = {d["name"]: d for d in api.call("/deployments/filter", {})}
     expected = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"][0]
     assert expected["name"] == "nightly-cpu"
     crons = [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"])
@@ -226,7 +274,7 @@ def test_served_event_retry_distributed_and_uis(served):
     triggered = deployments["on-new-teacher"]["id"]
 
     def runs_of(deployment_id):
-        return api(base, "/flow_runs/filter",
+        return api.call("/flow_runs/filter",
                    {"flow_runs": {"deployment_id": {"any_": [deployment_id]}}})
 
     def diagnose():
@@ -256,7 +304,7 @@ def test_served_event_retry_distributed_and_uis(served):
     run_cli([venv_program("prefect"), "flow-run", "retry", run["id"]], env, timeout=120)
 
     def completed():
-        current = api(base, f"/flow_runs/{run['id']}")
+        current = api.call(f"/flow_runs/{run['id']}")
         if current["state_type"] in ("FAILED", "CRASHED", "CANCELLED"):
             pytest.fail(f"retried run ended {current['state_name']}\n{diagnose()}")
         return current if current["state_type"] == "COMPLETED" else None
@@ -278,7 +326,7 @@ def test_served_event_retry_distributed_and_uis(served):
     assert sorted(statuses["loss"]) == ["FINISHED"]
     assert sorted(statuses["accelerated"]) == ["FAILED", "FAILED", "FINISHED"]
     task_states = {(t["name"].rsplit("-", 1)[0], t["state_name"])
-                   for t in api(base, "/task_runs/filter",
+                   for t in api.call("/task_runs/filter",
                                 {"flow_runs": {"id": {"any_": [run["id"]]}}})}
     assert {("teacher", "Cached"), ("forward_probe", "Cached")} <= task_states
 
@@ -291,7 +339,7 @@ def test_served_event_retry_distributed_and_uis(served):
     assert parent.data.tags["autocompress.trigger_event"] == event_id
 
     # 5. Placed steps ran in another worker's process; nothing local was shared.
-    stage_runs = [r for r in api(base, "/flow_runs/filter", {})
+    stage_runs = [r for r in api.call("/flow_runs/filter", {})
                   if r["name"] == "accelerated@accelerator"]
     assert sorted(r["state_type"] for r in stage_runs) == ["COMPLETED", "FAILED"]
     assert {r["work_pool_name"] for r in stage_runs} == {"accelerator"}

@@ -24,9 +24,12 @@ import yaml
 
 from autocompress.errors import AutoCompressError
 from autocompress.serving import (
+    PrefectAPI,
     Stack,
     free_port,
+    new_auth_string,
     prefect_server_argv,
+    secured_server_env,
     start_mlflow_server,
     venv_program,
     wait_http,
@@ -55,6 +58,11 @@ def serve(
     worker: list[str] = typer.Option(None, help="Start a worker for this pool (repeatable; "
                                      "default: one per pool in the file)."),
     no_worker: bool = typer.Option(False, "--no-worker", help="Start no worker."),
+    allow_job_overrides: bool = typer.Option(
+        False, "--allow-job-overrides",
+        help="Let a flow run override its worker's command, environment and working "
+             "directory (job variables). Off: anyone who can create a flow run could "
+             "otherwise run any command as you."),
 ) -> None:
     """Serve the deployments of prefect.yaml locally until Ctrl-C.
 
@@ -62,6 +70,10 @@ def serve(
     pools, deploys every deployment (schedules and event triggers included),
     starts a worker per pool and prints the UI addresses. For a shared-nothing
     set-up (as in a cluster) set AUTOCOMPRESS_STORE=s3://bucket/prefix first.
+
+    The Prefect API asks for a password made anew by each serve (basic auth; the UI
+    asks for it once: it is printed, and kept in the 0600 worker.env), refuses other
+    hosts and origins, and wants CSRF tokens; workers ignore job-variable overrides.
     """
     from autocompress.paths import home as ac_home
 
@@ -81,7 +93,7 @@ def serve(
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         env = start_servers(stack, root, port or free_port(), mlflow_port or free_port())
-        prepare_pools(env, pools)
+        prepare_pools(env, pools, allow_job_overrides)
         env = with_result_storage(env, root)
         write_worker_env(env, root / "worker.env")
         for pool in workers:  # workers need only their pool: start them while deploying
@@ -150,12 +162,13 @@ def start_servers(stack: Stack, root: Path, port: int, mlflow_port: int) -> dict
     configured = os.environ.get("MLFLOW_TRACKING_URI", "")
     mlflow_url = configured if configured.startswith(("http://", "https://")) \
         else f"http://127.0.0.1:{mlflow_port}"
-    env = base_env(root, prefect_url, mlflow_url)
+    auth_string = new_auth_string()
+    env = {**base_env(root, prefect_url, mlflow_url), "PREFECT_API_AUTH_STRING": auth_string}
     server_home = root / "prefect-server"
     server_home.mkdir(parents=True, exist_ok=True)
-    prefect = stack.start("prefect server", prefect_server_argv(port),
-                          {**env, "PREFECT_HOME": str(server_home)}, root / "logs" / "prefect.log",
-                          url=prefect_url)
+    server_env = {**env, **secured_server_env(port, auth_string), "PREFECT_HOME": str(server_home)}
+    prefect = stack.start("prefect server", prefect_server_argv(port), server_env,
+                          root / "logs" / "prefect.log", url=prefect_url)
     mlflow = None
     if mlflow_url != configured:
         store = env["AUTOCOMPRESS_STORE"]
@@ -169,23 +182,55 @@ def start_servers(stack: Stack, root: Path, port: int, mlflow_port: int) -> dict
     return env
 
 
-def prepare_pools(env: dict[str, str], pools: list[str]) -> None:
-    """Create each pool as a process pool (an existing pool is left as it is)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect.workers.process import ProcessWorker
+# Job variables a flow run could set that decide what its worker executes.
+LOCKED_JOB_VARIABLES = ("command", "env", "working_dir")
+
+
+def process_job_template(allow_overrides: bool) -> dict:
+    """The process pools' job template; without overrides of what runs, unless allowed.
+
+    Removed from both the variables (so the API refuses a flow run that sets them:
+    no other property is allowed) and the job configuration (so a worker never reads
+    them): the worker then runs its own flow-run command in its own environment.
+    """
+    from prefect.workers.process import ProcessWorker  # lazy: Prefect loads in seconds
 
     template = ProcessWorker.get_default_base_job_template()
-    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}), \
-            get_client(sync_client=True) as client:
+    if allow_overrides:
+        return template
+    for key in LOCKED_JOB_VARIABLES:
+        template["variables"]["properties"].pop(key)
+        template["job_configuration"].pop(key)
+    template["variables"]["additionalProperties"] = False
+    return template
+
+
+def prepare_pools(env: dict[str, str], pools: list[str], allow_job_overrides: bool) -> None:
+    """Create each pool as a process pool, or set the job template of an existing one."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    template = process_job_template(allow_job_overrides)
+    with client_settings(env), get_client(sync_client=True) as client:
         for name in pools:
             try:
                 client.create_work_pool(WorkPoolCreate(name=name, type="process",
                                                        base_job_template=template))
             except ObjectAlreadyExists:
-                pass
+                client.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
+
+
+def client_settings(env: dict[str, str]):
+    """Prefect client settings of this process pointed at the served API, with its auth."""
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_API_URL,
+        temporary_settings,
+    )
+
+    return temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"],
+                               PREFECT_API_AUTH_STRING: env["PREFECT_API_AUTH_STRING"]})
 
 
 def with_result_storage(env: dict[str, str], root: Path) -> dict[str, str]:
@@ -200,30 +245,33 @@ def with_result_storage(env: dict[str, str], root: Path) -> dict[str, str]:
         results = str(root / "prefect-results")
         return {**env, "AUTOCOMPRESS_RESULTS": results,
                 "PREFECT_RESULTS_LOCAL_STORAGE_PATH": results}
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from autocompress.artifacts import s3_endpoint_url
     from tasks.storage import saved_s3_block
 
     uri = store.rstrip("/") + "/prefect-results"
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or s3_endpoint_url()
-    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+    with client_settings(env):
         slug = saved_s3_block(uri, endpoint)
     return {**env, "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK": slug}
 
 
-# What a worker started elsewhere needs to join this stack (never credentials:
-# each worker gets those from its own environment).
-WORKER_ENV_KEYS = ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "AUTOCOMPRESS_STORE",
-                   "AUTOCOMPRESS_RESULTS", "PREFECT_RESULTS_LOCAL_STORAGE_PATH",
-                   "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK", "PREFECT_WORKER_QUERY_SECONDS",
-                   "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL", "PYTHONPATH")
+# What a worker started elsewhere needs to join this stack: no cloud credentials
+# (each worker has its own), but the Prefect API's password, so the file is 0600.
+WORKER_ENV_KEYS = (
+    "PREFECT_API_URL", "PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_URI", "AUTOCOMPRESS_STORE",
+    "AUTOCOMPRESS_RESULTS", "PREFECT_RESULTS_LOCAL_STORAGE_PATH",
+    "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK", "PREFECT_WORKER_QUERY_SECONDS",
+    "AWS_ENDPOINT_URL_S3", "MLFLOW_S3_ENDPOINT_URL", "PYTHONPATH",
+)
 
 
 def write_worker_env(env: dict[str, str], path: Path) -> None:
     """``KEY=value`` lines another worker can load (``set -a; . worker.env``)."""
     lines = [f"{key}={env[key]}" for key in WORKER_ENV_KEYS if env.get(key)]
-    path.write_text("\n".join(lines) + "\n")
+    path.unlink(missing_ok=True)  # a file left by an older serve may have wider modes
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("\n".join(lines) + "\n")
 
 
 def read_worker_env(path: Path) -> dict[str, str]:
@@ -259,28 +307,21 @@ def start_worker(stack: Stack, env: dict[str, str], home: Path, pool: str):
 def print_addresses(env: dict[str, str], root: Path, pools: list[str],
                     workers: list[str]) -> None:
     prefect_url = env["PREFECT_API_URL"].removesuffix("/api")
-    typer.echo(f"Prefect UI   {prefect_url}")
+    typer.echo(f"Prefect UI   {prefect_url} (it asks for this password once: "
+               f"{env['PREFECT_API_AUTH_STRING']})")
     typer.echo(f"MLflow UI    {env['MLFLOW_TRACKING_URI']}")
     typer.echo(f"artifacts    {env['AUTOCOMPRESS_STORE']}")
     typer.echo(f"work pools   {', '.join(pools)} (workers: {', '.join(workers) or 'none'})")
     typer.echo(f"worker env   {root / 'worker.env'} (for workers started elsewhere)")
-    for line in schedule_lines(env["PREFECT_API_URL"]):
+    for line in schedule_lines(PrefectAPI(env["PREFECT_API_URL"], env["PREFECT_API_AUTH_STRING"])):
         typer.echo(f"schedule     {line}")
     typer.echo("use it from a shell:")
-    typer.echo(f"  export PREFECT_API_URL={env['PREFECT_API_URL']} "
-               f"MLFLOW_TRACKING_URI={env['MLFLOW_TRACKING_URI']} "
-               f"AUTOCOMPRESS_STORE={env['AUTOCOMPRESS_STORE']}")
+    typer.echo(f"  set -a; . {root / 'worker.env'}; set +a")
 
 
-def schedule_lines(api_url: str) -> list[str]:
+def schedule_lines(api: PrefectAPI) -> list[str]:
     """Each deployment's schedules as the server has them (read back, not from the file)."""
-    import json
-    import urllib.request
-
-    request = urllib.request.Request(f"{api_url}/deployments/filter", data=b"{}",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        deployments = json.loads(response.read())
+    deployments = api.call("/deployments/filter", {})
     lines = []
     for dep in deployments:
         for entry in dep.get("schedules") or []:
