@@ -22,14 +22,13 @@ from autocompress.artifacts import ArtifactRef
 from autocompress.costmodel import CostModel, get_workload
 from autocompress.limits import Limits
 from autocompress.modeling import arch_spec_of
+from autocompress.stage_config import stage_settings
 from tasks.stage import StageContext, stage
 
 
 def _context(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
              importance: ArtifactRef, costmodel: ArtifactRef, target: str, workload: str,
              options: dict | None):
-    from autocompress.stage_config import stage_settings
-
     # Unset sizes follow the teacher's size (stage_sizes); explicit options win.
     config: SearchConfig = stage_settings("search", options, teacher.metrics.get("params"))
     ctx.log_params({"search": config.model_dump(mode="json")})
