@@ -7,29 +7,59 @@ from pathlib import Path
 import typer
 
 from autocompress.commands import MODEL_HELP
+from autocompress.commands.aliases import aliased, as_mapping, renamed, setting
+from autocompress.commands.settings import config_option, load_settings
+
+DISTILL_CONFIG_EXAMPLE = (
+    "Keys of DistillConfig, e.g. seq_len=256, batch_size=16, grad_accum=1, lr=1e-3, "
+    "warmup_steps=20, temperature=1.0, alpha=0.5 (hidden-state loss), layer_map={1: 2}, "
+    "eval_every=0, eval_batches=8, ckpt_every=50, seed=0, bf16=true, teacher_topk=64, "
+    "parallel=ddp|fsdp, keep_checkpoints=false; threads=N (torch CPU threads per process)."
+)
+
+# Old spellings (one release): the student was --student; deep settings moved to --config.
+DISTILL_ALIASES = {
+    "--student": renamed("--model"), "-s": renamed("--model"),
+    **{f"--{key.replace('_', '-')}": setting(key) for key in (
+        "seq_len", "batch_size", "grad_accum", "lr", "warmup_steps", "temperature", "alpha",
+        "eval_every", "eval_batches", "ckpt_every", "seed", "teacher_topk", "threads")},
+    "--layer-map": setting("layer_map", convert=as_mapping),
+    "--bf16": setting("bf16", "true"), "--no-bf16": setting("bf16", "false"),
+    "--fsdp": setting("parallel", "fsdp"),
+    "--keep-checkpoints": setting("keep_checkpoints", "true"),
+    "--no-keep-checkpoints": setting("keep_checkpoints", "false"),
+}
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
-    app.command("distill")(distill_command)
+    app.command("distill", cls=aliased(DISTILL_ALIASES))(distill_command)
+
+
+def _distill_settings():
+    """DistillConfig plus ``threads``, the one setting of the command itself."""
+    from autocompress.distill import DistillConfig
+
+    class DistillSettings(DistillConfig):
+        threads: int | None = None
+
+    return DistillSettings
 
 
 # ------------------------------------------------------------------ distill
 
 
 def distill_command(
-    teacher: str = typer.Option(..., "--teacher", "-t", help=MODEL_HELP),
-    student: str = typer.Option(
-        ..., "--student", "-s", help="The student to train (e.g. the output of `prune`)."
-    ),
+    model: str = typer.Option(
+        ..., "--model", "-m", help="The student to train (e.g. the output of `prune`). "
+        + MODEL_HELP),
+    teacher: str = typer.Option(..., "--teacher", "-t", help="The teacher it learns from. "
+                                + MODEL_HELP),
     tokens: int = typer.Option(..., "--tokens", "-n", help="Training token budget."),
     out: Path = typer.Option(
         ..., "--out", "-o",
         help="Where the distilled student is written (model + tokenizer + distill.json). "
         "Checkpoints go to OUT.work until the run finishes.",
-    ),
-    resume: bool = typer.Option(
-        False, "--resume", help="Continue the interrupted run whose checkpoints are in OUT.work."
     ),
     data: Path | None = typer.Option(
         None, "--data",
@@ -37,52 +67,15 @@ def distill_command(
         "held-out split for evaluation. Default: the standard-library corpus in "
         "AUTOCOMPRESS_HOME (built if absent).",
     ),
-    seq_len: int = typer.Option(256, help="Tokens per training sequence."),
-    batch_size: int = typer.Option(
-        16, help="Global sequences per optimizer step (over all processes)."
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the interrupted run whose checkpoints are in OUT.work."
     ),
-    grad_accum: int = typer.Option(
-        1, help="Micro-batches per step and process (batch = processes x grad_accum x micro)."
-    ),
-    lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
-    warmup_steps: int = typer.Option(20, help="Linear warmup steps before cosine decay."),
-    temperature: float = typer.Option(1.0, help="Softmax temperature of the KD loss."),
-    alpha: float = typer.Option(
-        0.0, help="Weight of the hidden-state cosine loss (0 = logits only, Minitron's "
-        "default; try 0.5-1 for students that lost many layers)."
-    ),
-    layer_map: str | None = typer.Option(
-        None, help="Hidden states to match when --alpha > 0, as STUDENT:TEACHER pairs "
-        "(`1:2,2:4`; 0 = embeddings, i = output of block i). Default: spread evenly."
-    ),
-    eval_every: int = typer.Option(0, help="Steps between held-out evaluations (0 = at end)."),
-    eval_batches: int = typer.Option(8, help="Held-out batches per evaluation."),
-    ckpt_every: int = typer.Option(50, help="Steps between checkpoints."),
-    seed: int = typer.Option(0, help="Seed for data order and initialisation."),
-    bf16: bool = typer.Option(
-        True, "--bf16/--no-bf16",
-        help="bf16 autocast where it is faster: timed against fp32 at the start of the run "
-        "(emulated bf16 on AVX2-only CPUs is slower than fp32).",
-    ),
-    teacher_topk: int = typer.Option(
-        64, help="Cache the teacher's top-k log-probabilities per batch under "
-        "$AUTOCOMPRESS_HOME/teacher-outputs and reuse them for every student on the same "
-        "teacher and data (0 = run the teacher live).",
-    ),
-    fsdp: bool = typer.Option(
-        False, "--fsdp",
-        help="Under torchrun, shard student, teacher and optimizer over processes (FSDP2) "
-        "instead of replicating them (DDP).",
-    ),
-    keep_checkpoints: bool = typer.Option(
-        False, help="Keep OUT.work (checkpoints) after a successful run."
-    ),
-    threads: int | None = typer.Option(None, help="torch CPU threads per process."),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output directory."),
+    config: list[str] = config_option(DISTILL_CONFIG_EXAMPLE),
 ) -> None:
     """Distil a teacher into a (pruned) student: forward KL on logits, resumable.
 
-    Runs in one process, or on several with torchrun (DDP, or --fsdp), e.g.
+    Runs in one process, or on several with torchrun (DDP, or parallel=fsdp), e.g.
     `torchrun --nproc_per_node 8 -m autocompress.cli distill ...` — every process
     takes a disjoint part of each global batch, so the result does not depend on
     the number of processes. Kill it at any time; `--resume` continues exactly.
@@ -95,20 +88,14 @@ def distill_command(
     from autocompress.errors import AutoCompressError
     from autocompress.modeling import load_causal_lm
 
-    if threads:
-        torch.set_num_threads(threads)
+    settings = load_settings(_distill_settings(), [*config, f"tokens={tokens}"], "distill")
+    distill_config = DistillConfig.model_validate(settings.model_dump(exclude={"threads"}))
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     ctx = distributed.init_from_env()
     try:
-        config = DistillConfig(
-            tokens=tokens, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum,
-            lr=lr, warmup_steps=warmup_steps, temperature=temperature, alpha=alpha,
-            layer_map=_parse_layer_map(layer_map), eval_every=eval_every,
-            eval_batches=eval_batches, ckpt_every=ckpt_every, seed=seed, bf16=bf16,
-            teacher_topk=teacher_topk, parallel="fsdp" if fsdp else "ddp",
-            keep_checkpoints=keep_checkpoints,
-        )
         teacher_model, teacher_tok = load_causal_lm(teacher)
-        student_model, student_tok = load_causal_lm(student)
+        student_model, student_tok = load_causal_lm(model)
         tokenizer = student_tok or teacher_tok
         if tokenizer is None:
             raise AutoCompressError(
@@ -118,32 +105,19 @@ def distill_command(
         if not ctx.enabled and torch.cuda.is_available():
             student_model.to("cuda")  # a single process uses the GPU when there is one
         # Rank 0 builds the corpus and token caches first; the others then read them.
+        heldout = distill_config.eval_batches * distill_config.batch_size
         dataset = None
         for turn in (True, False):
             if ctx.is_main == turn:
-                dataset = DistillData.from_corpus(tokenizer, ensure_corpus(data), seq_len,
-                                                  heldout_windows=eval_batches * batch_size)
+                dataset = DistillData.from_corpus(tokenizer, ensure_corpus(data),
+                                                  distill_config.seq_len, heldout_windows=heldout)
             distributed.barrier(ctx)
-        result = distill(teacher_model, student_model, dataset, config, out,
+        result = distill(teacher_model, student_model, dataset, distill_config, out,
                          tokenizer=tokenizer, resume=resume, overwrite=overwrite)
         if ctx.is_main:
             _print_distill_summary(result)
     finally:
         distributed.shutdown()
-
-
-def _parse_layer_map(text: str | None) -> dict[int, int] | None:
-    from autocompress.errors import AutoCompressError
-
-    if not text:
-        return None
-    try:
-        pairs = [item.split(":") for item in text.split(",") if item.strip()]
-        return {int(s): int(t) for s, t in pairs}
-    except ValueError:
-        raise AutoCompressError(
-            f"cannot read --layer-map {text!r}", "write STUDENT:TEACHER pairs, e.g. 1:2,2:4"
-        ) from None
 
 
 def _print_distill_summary(result) -> None:

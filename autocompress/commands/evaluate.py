@@ -5,6 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from pydantic import Field
+
+from autocompress.commands import MODEL_HELP
+from autocompress.commands.aliases import aliased, renamed, setting
+from autocompress.commands.settings import config_option, load_settings
 
 _TASKS_HELP = (
     "Comma-separated tasks or sets. Local (no network): next_line, identifier, docstring, "
@@ -15,33 +20,44 @@ _TASKS_HELP = (
 )
 
 
+EVAL_CONFIG_EXAMPLE = (
+    "Keys of EvalConfig, e.g. num_items=300, seed=0, seq_len=256, batch_size=16, "
+    "allow_code_execution=false (humaneval/mbpp run model-written code: use a sandbox); "
+    "and device=auto|cpu|cuda:1, threads=N, tokenizer=DIR (when the model directory has none)."
+)
+
+# Old spellings (one release): the corpus was --corpus; deep settings moved to --config.
+EVAL_ALIASES = {
+    "--corpus": renamed("--data"),
+    **{f"--{key.replace('_', '-')}": setting(key) for key in (
+        "num_items", "seed", "seq_len", "batch_size", "device", "threads", "tokenizer")},
+    "--allow-code-execution": setting("allow_code_execution", "true"),
+}
+
+
+def _eval_settings():
+    """EvalConfig plus where the model runs and its tokenizer (settings of the command)."""
+    from autocompress.evaluation import EvalConfig
+
+    class EvalSettings(EvalConfig):
+        device: str = "auto"
+        threads: int | None = Field(None, ge=1)
+        tokenizer: Path | None = None
+
+    return EvalSettings
+
+
 def eval_command(
-    model: str = typer.Option(..., "--model", "-m",
-                              help="Model directory (save_pretrained), or `default` for the "
-                                   "bundled teacher."),
-    json_out: Path = typer.Option(None, "--json",
-                                  help="Write the result JSON here (atomically)."),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    data: Path = typer.Option(None, "--data",
+                              help="Corpus directory (default: $AUTOCOMPRESS_HOME/corpus, "
+                                   "built on first use)."),
     tasks: str = typer.Option(None, "--tasks", help=_TASKS_HELP),
     limit: int = typer.Option(None, "--limit", min=1,
                               help="At most N items per task (quick checks; scores get noisier)."),
-    corpus: Path = typer.Option(None, "--corpus",
-                                help="Corpus directory (default: $AUTOCOMPRESS_HOME/corpus, "
-                                     "built on first use)."),
-    tokenizer: Path = typer.Option(None, "--tokenizer",
-                                   help="Tokenizer directory, if the model directory has none."),
-    num_items: int = typer.Option(300, "--num-items", min=1,
-                                  help="Items per local multiple-choice task."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the local task construction."),
-    seq_len: int = typer.Option(256, "--seq-len", min=8,
-                                help="Context length (tokens) for local tasks and held-out "
-                                     "windows; the default teacher was trained at 256."),
-    batch_size: int = typer.Option(16, "--batch-size", min=1, help="lm-eval batch size."),
-    device: str = typer.Option("auto", "--device",
-                               help="cpu, cuda, cuda:1...; auto = cuda when available."),
-    threads: int = typer.Option(None, "--threads", min=1, help="torch CPU threads."),
-    allow_code_execution: bool = typer.Option(
-        False, "--allow-code-execution",
-        help="Let humaneval/mbpp execute model-written code (use a sandbox)."),
+    json_out: Path = typer.Option(None, "--json",
+                                  help="Write the result JSON to this file (atomically)."),
+    config: list[str] = config_option(EVAL_CONFIG_EXAMPLE),
 ) -> None:
     """Evaluate a model: local code benchmarks through lm-eval, held-out bits/byte and
     next-token accuracy, optional standard lm-eval benchmarks; prints a table.
@@ -62,21 +78,23 @@ def eval_command(
         from autocompress.atomic import check_out_file
 
         check_out_file(json_out, "--json")
-    if threads:
-        torch.set_num_threads(threads)
-    cfg = EvalConfig(num_items=num_items, seed=seed, seq_len=seq_len, batch_size=batch_size,
-                     allow_code_execution=allow_code_execution)
+    settings = load_settings(_eval_settings(), config, "eval")
+    cfg = EvalConfig.model_validate(settings.model_dump(exclude={"device", "threads",
+                                                                 "tokenizer"}))
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
     lm, tok = load_causal_lm(model)
-    if tokenizer is not None:
+    if settings.tokenizer is not None:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(tokenizer))
+        tok = AutoTokenizer.from_pretrained(str(settings.tokenizer))
     if tok is None:
-        raise AutoCompressError(f"{model} has no tokenizer",
-                                "pass --tokenizer DIR (the tokenizer the model was trained with)")
+        raise AutoCompressError(f"{model} has no tokenizer", "pass --config tokenizer=DIR "
+                                "(the tokenizer the model was trained with)")
+    device = settings.device
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     lm.to(dev)
-    result = evaluate(lm, tok, tasks=tasks, limit=limit, corpus_dir=corpus, config=cfg,
+    result = evaluate(lm, tok, tasks=tasks, limit=limit, corpus_dir=data, config=cfg,
                       model_name=str(model), quiet=False)
     console = Console()
     console.print(results_table(result))
@@ -87,4 +105,4 @@ def eval_command(
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
-    app.command("eval")(eval_command)
+    app.command("eval", cls=aliased(EVAL_ALIASES))(eval_command)

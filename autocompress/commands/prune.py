@@ -5,18 +5,60 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
 
-from autocompress.commands import MODEL_HELP
+from autocompress.commands import MODEL_HELP, format_option, print_json
+from autocompress.commands.aliases import (
+    PRINT_JSON,
+    aliased,
+    model_or_positional,
+    old_positional,
+    renamed,
+    setting,
+)
+from autocompress.commands.settings import config_option, load_settings
+
+IMPORTANCE_CONFIG_EXAMPLE = (
+    "Keys of CalibrationConfig, e.g. seq_len=256, batch_size=8, num_batches=16, "
+    "removal_batches=2 (loss on removal of each layer/block; 0 skips it), seed=0, "
+    "criterion=taylor|activation (|w·dL/dw| or Minitron's forward-only activations)."
+)
+PRUNE_CONFIG_EXAMPLE = (
+    "Keys: depth_metric=cosine|loss (how layers to drop are picked), random_channels=true "
+    "(ignore importance, keep random channels: an ablation), seed=0 (of the random channels)."
+)
+
+# Old spellings (one release).
+IMPORTANCE_ALIASES = {
+    "--seq-len": setting("seq_len"), "--batch-size": setting("batch_size"),
+    "--batches": setting("num_batches"), "--removal-batches": setting("removal_batches"),
+    "--seed": setting("seed"), "--criterion": setting("criterion"),
+}
+PRUNE_ALIASES = {
+    "--teacher": renamed("--model"), "-t": renamed("--model"),
+    "--depth-metric": setting("depth_metric"), "--seed": setting("seed"),
+    "--random-channels": setting("random_channels", "true"),
+}
+
+
+class PruneSettings(BaseModel):
+    """The settings of ``prune_checkpoint`` that are not its inputs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    depth_metric: str = Field("cosine", pattern="^(cosine|loss)$")
+    random_channels: bool = False
+    seed: int = 0
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
-    app.command("importance")(importance_command)
-    app.command("prune")(prune_command)
+    app.command("importance", cls=aliased(IMPORTANCE_ALIASES))(importance_command)
+    app.command("prune", cls=aliased(PRUNE_ALIASES))(prune_command)
     arch_app = typer.Typer(
         help="Inspect model architectures (per-layer shapes).", no_args_is_help=True
     )
-    arch_app.command("show")(arch_show_command)
+    arch_app.command("show", cls=aliased(PRINT_JSON))(arch_show_command)
     app.add_typer(arch_app, name="arch")
 
 
@@ -32,24 +74,11 @@ def importance_command(
         help="Corpus directory (from `autocompress data prepare`); its calibration split is "
         "used. Default: the standard-library corpus in AUTOCOMPRESS_HOME (built if absent).",
     ),
-    seq_len: int = typer.Option(256, help="Tokens per calibration sequence."),
-    batch_size: int = typer.Option(8, help="Sequences per batch."),
-    batches: int = typer.Option(16, help="Calibration batches for activation statistics."),
-    removal_batches: int = typer.Option(
-        2,
-        help="Batches for loss-on-removal of each layer/block (0 skips it; costs 3 passes "
-        "per layer per batch).",
-    ),
-    seed: int = typer.Option(0, help="Seed for the order of calibration sequences."),
-    criterion: str = typer.Option(
-        None, help="How neurons, heads and channels are ranked: activation (forward only, "
-        "Minitron) or taylor (|w·dL/dw|, one backward pass per batch). Default: the project's "
-        "default (see the README).",
-    ),
+    config: list[str] = config_option(IMPORTANCE_CONFIG_EXAMPLE),
 ) -> None:
     """Compute Minitron importance (neurons, heads, KV groups, hidden channels, depth).
 
-    Activations in fp32 (and gradients for --criterion taylor); the file is reused by
+    Activations in fp32 (and gradients for criterion=taylor); the file is reused by
     `autocompress prune --importance` and by the search.
     """
     from rich.console import Console
@@ -58,15 +87,8 @@ def importance_command(
     from autocompress.importance import CalibrationConfig, importance_for_checkpoint
 
     check_out_file(out, example="importance.safetensors")  # before the calibration passes
-    calib = CalibrationConfig(
-        corpus_dir=str(data) if data else None,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        num_batches=batches,
-        removal_batches=removal_batches,
-        seed=seed,
-        **({"criterion": criterion} if criterion else {}),
-    )
+    calib = load_settings(CalibrationConfig, config, "importance",
+                          base={"corpus_dir": str(data) if data else None})
     imp = importance_for_checkpoint(model, calib, out_path=out)
     console = Console()
     console.print(f"wrote {out} ({imp.num_tokens} tokens, base loss {imp.base_loss:.4f})")
@@ -108,7 +130,7 @@ def _fmt(value: float) -> str:
 
 
 def prune_command(
-    teacher: str = typer.Option(..., "--teacher", "-t", help=MODEL_HELP),
+    model: str = typer.Option(..., "--model", "-m", help="The teacher to prune. " + MODEL_HELP),
     arch: Path = typer.Option(
         ...,
         "--arch",
@@ -125,20 +147,14 @@ def prune_command(
         help="Importance file from `autocompress importance`; computed on the default "
         "calibration data when omitted.",
     ),
-    random_channels: bool = typer.Option(
-        False, "--random-channels", help="Ignore importance, keep random channels (ablation)."
-    ),
-    depth_metric: str = typer.Option(
-        "cosine", help="How to pick layers to drop: `cosine` (1-cos) or `loss` (loss on removal)."
-    ),
     data: Path | None = typer.Option(
         None,
         "--data",
         help="Corpus directory for computing importance when --importance is omitted "
         "(default: the standard-library corpus).",
     ),
-    seed: int = typer.Option(0, help="Seed for --random-channels."),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output directory."),
+    config: list[str] = config_option(PRUNE_CONFIG_EXAMPLE),
 ) -> None:
     """Prune a teacher to an ArchSpec: slice heads, KV groups, FFN neurons, hidden channels.
 
@@ -151,16 +167,17 @@ def prune_command(
     from autocompress.importance import CalibrationConfig
     from autocompress.prune import prune_checkpoint
 
+    settings = load_settings(PruneSettings, config, "prune")
     spec = ArchSpec.from_json(arch)
     record = prune_checkpoint(
-        teacher,
+        model,
         spec,
         out,
         importance=importance,
         calibration=CalibrationConfig(corpus_dir=str(data) if data else None),
-        random_channels=random_channels,
-        seed=seed,
-        depth_metric=depth_metric,
+        random_channels=settings.random_channels,
+        seed=settings.seed,
+        depth_metric=settings.depth_metric,
         overwrite=overwrite,
     )
     Console().print(
@@ -174,8 +191,9 @@ def prune_command(
 
 
 def arch_show_command(
-    model: str = typer.Argument(..., help=MODEL_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print the ArchSpec JSON instead."),
+    model: str = typer.Option(None, "--model", "-m", help=MODEL_HELP + " Required."),
+    fmt: str = format_option("the ArchSpec JSON"),
+    old_model: str = old_positional(),
 ) -> None:
     """Show a model's per-layer shapes (heads, KV heads, FFN width, parameters)."""
     from rich.console import Console
@@ -184,9 +202,10 @@ def arch_show_command(
     from autocompress.errors import AutoCompressError
     from autocompress.modeling.loading import load_config
 
+    model = model_or_positional(model, old_model)
     source, config = load_config(model)
     spec = ArchSpec.from_hf_config(config)
-    if as_json:
+    if print_json(fmt):
         typer.echo(spec.to_json())
         return
     if not spec.layers:

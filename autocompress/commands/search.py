@@ -6,10 +6,18 @@ from pathlib import Path
 
 import typer
 
-from autocompress.commands.limit_options import NO_LIMITS, budget_fraction_option, limit_options
+from autocompress.commands import MODEL_HELP
+from autocompress.commands.aliases import aliased, as_list, renamed, setting
+from autocompress.commands.limit_options import (
+    LIMIT_ALIASES,
+    NO_LIMITS,
+    budget_fraction_option,
+    limit_options,
+)
+from autocompress.commands.settings import config_option, load_settings
+from autocompress.defaults import DEFAULT_TARGET, DEFAULT_WORKLOAD
 from autocompress.limits import Limits
 
-TEACHER_HELP = "Teacher model directory (Llama, Mistral, Qwen2, Qwen3), or `default`."
 TARGET_HELP = (
     "Deployment target HARDWARE/ENGINE/DTYPE (dtype optional), e.g. cpu-local/hf-eager/fp32 or "
     "h100-sxm/vllm/bf16 (`autocompress costmodel targets` lists them). A fitted cost model "
@@ -19,15 +27,60 @@ WORKLOAD_HELP = (
     "Workload preset: local-coding-cpu, datacenter-cpu, interactive-cpu (measurable here) or "
     "local-coding, datacenter, interactive (GPU scale)."
 )
+DATA_HELP = "Corpus directory (its calibration split). Default: the stdlib corpus."
+SEARCH_CONFIG_EXAMPLE = (
+    "Keys of SearchConfig, e.g. dnas.steps=160, dnas.seed=0, dnas.start=greedy|uniform, "
+    "score=measured|probability, selection.top_k=10, minitron.distill_tokens=32768, "
+    "space.granularity=16, space.head_fractions=[1,0.5], space.export_engine=vllm|target, "
+    "threads=2; work_dir=DIR (checkpoints; default .<out stem>.search-work beside --out)."
+)
+MINITRON_CONFIG_EXAMPLE = (
+    "Keys of SearchConfig, e.g. minitron.max_depth_drop=0, minitron.top_k=10, "
+    "minitron.distill_tokens=32768, space.granularity=16."
+)
+
+# Old spellings (one release): the model flag, and the settings that moved to --config.
+SEARCH_ALIASES = {
+    **LIMIT_ALIASES,
+    "--teacher": renamed("--model"), "-t": renamed("--model"),
+    "--steps": setting("dnas.steps"), "--batch-size": setting("dnas.batch_size"),
+    "--seq-len": setting("dnas.seq_len"), "--seed": setting("dnas.seed"),
+    "--dnas-start": setting("dnas.start"), "--score": setting("score"),
+    "--granularity": setting("space.granularity"),
+    "--ffn-granularity": setting("space.ffn_granularity"),
+    "--head-fractions": setting("space.head_fractions", convert=as_list),
+    "--protect-first-last": setting("space.protect_first_last", "true"),
+    "--no-protect-first-last": setting("space.protect_first_last", "false"),
+    "--export-engine": setting("space.export_engine"), "--threads": setting("threads"),
+    "--top-k": setting("selection.top_k"), "--distill-tokens": setting("minitron.distill_tokens"),
+    "--work-dir": setting("work_dir"),
+}
+MINITRON_ALIASES = {
+    **LIMIT_ALIASES,
+    "--teacher": renamed("--model"), "-t": renamed("--model"),
+    "--max-depth-drop": setting("minitron.max_depth_drop"),
+    "--top-k": setting("minitron.top_k"), "--distill-tokens": setting("minitron.distill_tokens"),
+    "--granularity": setting("space.granularity"),
+}
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
-    app.command("search")(limit_options(search_command))
+    app.command("search", cls=aliased(SEARCH_ALIASES))(limit_options(search_command))
     baseline = typer.Typer(help="Baseline architectures to compare the search against.",
                            no_args_is_help=True)
-    baseline.command("minitron")(limit_options(minitron_command))
+    baseline.command("minitron", cls=aliased(MINITRON_ALIASES))(limit_options(minitron_command))
     app.add_typer(baseline, name="baseline")
+
+
+def _search_settings():
+    """SearchConfig plus ``work_dir``, the one setting of the command itself."""
+    from autocompress.arch_search.config import SearchConfig
+
+    class SearchSettings(SearchConfig):
+        work_dir: Path | None = None
+
+    return SearchSettings
 
 
 def _parse_count(text: str) -> int:
@@ -44,19 +97,6 @@ def _parse_count(text: str) -> int:
     if value < 1:
         raise AutoCompressError(f"parameter count {text!r} must be positive")
     return int(value)
-
-
-def _fractions(text: str) -> list[float]:
-    from autocompress.errors import AutoCompressError
-
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or any(not 0 < v <= 1 for v in values):
-        raise AutoCompressError(f"cannot read fractions {text!r}",
-                                hint="write a comma list of numbers in (0, 1], e.g. 1,0.5")
-    return values
 
 
 def _print_result(report: dict, out: Path, what: str) -> None:
@@ -95,9 +135,9 @@ def _print_result(report: dict, out: Path, what: str) -> None:
 
 
 def search_command(
-    teacher: str = typer.Option(..., "--teacher", "-t", help=TEACHER_HELP),
-    target: str = typer.Option("cpu-local/hf-eager/fp32", "--target", help=TARGET_HELP),
-    workload: str = typer.Option("interactive-cpu", "--workload", "-w", help=WORKLOAD_HELP),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+    target: str = typer.Option(DEFAULT_TARGET, "--target", help=TARGET_HELP),
+    workload: str = typer.Option(DEFAULT_WORKLOAD, "--workload", "-w", help=WORKLOAD_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="ArchSpec JSON to write."),
     limits: Limits = NO_LIMITS,
     budget_fraction: float | None = budget_fraction_option(),
@@ -105,43 +145,8 @@ def search_command(
         None, "--importance", "-i",
         help="Importance file (`autocompress importance`); computed on calibration data if "
         "omitted."),
-    data: Path | None = typer.Option(
-        None, "--data", help="Corpus directory (calibration split). Default: the stdlib corpus."),
-    steps: int = typer.Option(160, help="Search steps (one calibration batch each)."),
-    batch_size: int = typer.Option(4, help="Sequences per search step."),
-    seq_len: int = typer.Option(128, help="Tokens per sequence in the search."),
-    score: str = typer.Option(
-        "measured", help="Repair scores: `measured` (KL change of each single option around "
-        "the search's argmax) or `probability` (the search's log-probabilities)."),
-    granularity: int = typer.Option(16, help="Hidden sizes and FFN widths are multiples of this."),
-    ffn_granularity: int | None = typer.Option(
-        None, help="FFN widths are multiples of this instead (256 for the nemotron-nas "
-        "ffn_mult export)."),
-    head_fractions: str = typer.Option(
-        "1,0.75,0.5,0.25",
-        help="Query heads kept per KV head, as fractions of its cluster (comma list). `1` keeps "
-        "every query head and only varies KV groups (exportable to nemotron-nas)."),
-    protect_first_last: bool = typer.Option(
-        True, "--protect-first-last/--no-protect-first-last",
-        help="Keep both blocks of the first and last layers."),
-    export_engine: str | None = typer.Option(
-        None, help="Propose only what this engine computes exactly from `export --format "
-        "nemotron-nas`: vllm, trtllm, llama.cpp, hf, or `target` (the --target's engine)."),
-    work_dir: Path | None = typer.Option(
-        None, help="Checkpoint directory; an interrupted search resumes from it. "
-        "Default: .<out stem>.search-work beside --out."),
-    threads: int | None = typer.Option(None, help="torch threads (default: torch's choice)."),
-    seed: int = typer.Option(0, help="Seed of the Gumbel noise and the batch order."),
-    dnas_start: str = typer.Option(
-        "greedy", help="Where DNAS starts: `greedy` (repair from the teacher with every "
-        "option scored there; needs --score measured) or `uniform`."),
-    top_k: int = typer.Option(
-        10, "--top-k", help="Final pick: this many distinct candidates (every depth's best "
-        "first) each get the baseline's short distillation; the lowest KL wins. 1 = repair's "
-        "answer, ranked right after pruning."),
-    distill_tokens: int = typer.Option(
-        32_768, help="Tokens of that short distillation (the baseline's default; 0 = rank by "
-        "KL right after pruning)."),
+    data: Path | None = typer.Option(None, "--data", help=DATA_HELP),
+    config: list[str] = config_option(SEARCH_CONFIG_EXAMPLE),
 ) -> None:
     """Search the architecture that keeps the most quality within the limits on a target.
 
@@ -149,44 +154,31 @@ def search_command(
     the teacher + augmented Lagrangian on the cost model's expected costs), then an exact
     repair: the written ArchSpec meets every limit under the cost model. Also writes
     <stem>.search.json (predicted costs, margins), <stem>.trajectory.json and .png.
-    Prune it with `autocompress prune --arch`.
+    Prune it with `autocompress prune --arch`. An interrupted search resumes from its
+    work_dir.
     """
-    from autocompress.arch_search.dnas import DNASConfig
-    from autocompress.arch_search.minitron import MinitronConfig
-    from autocompress.arch_search.run import SearchConfig, SearchContext, search_to_file
-    from autocompress.arch_search.selection import SelectionConfig
-    from autocompress.arch_search.space import SpaceConfig
+    from autocompress.arch_search.config import SearchConfig
+    from autocompress.arch_search.context import SearchContext
+    from autocompress.arch_search.run import search_to_file
     from autocompress.atomic import check_out_file
-    from autocompress.errors import AutoCompressError
 
-    if score not in ("measured", "probability"):
-        raise AutoCompressError(f"unknown --score {score!r}", hint="use measured or probability")
-    if dnas_start not in ("greedy", "uniform"):
-        raise AutoCompressError(f"unknown --dnas-start {dnas_start!r}",
-                                hint="use greedy or uniform")
-    if export_engine == "target":
+    settings = load_settings(_search_settings(), config, "search")
+    search_config = SearchConfig.model_validate(settings.model_dump(exclude={"work_dir"}))
+    if search_config.space.export_engine == "target":  # the --target's own engine
         from autocompress.engine_rules import engine_for_target
 
-        export_engine = engine_for_target(target.split("/")[1] if "/" in target else "")
-    config = SearchConfig(
-        space=SpaceConfig(granularity=granularity, ffn_granularity=ffn_granularity,
-                          head_fractions=_fractions(head_fractions),
-                          protect_first_last=protect_first_last, export_engine=export_engine),
-        dnas=DNASConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, seed=seed,
-                        start=dnas_start),
-        score=score, threads=threads, selection=SelectionConfig(top_k=top_k),
-        minitron=MinitronConfig(distill_tokens=distill_tokens),
-    )
+        engine = engine_for_target(target.split("/")[1] if "/" in target else "")
+        search_config.space.export_engine = engine
     check_out_file(out)
-    ctx = SearchContext.build(teacher, target, workload, config, importance=importance,
+    ctx = SearchContext.build(model, target, workload, search_config, importance=importance,
                               corpus_dir=data)
     limits = ctx.resolve_limits(limits, budget_fraction)
-    report = search_to_file(ctx, limits, out, config, work_dir=work_dir)
+    report = search_to_file(ctx, limits, out, search_config, work_dir=settings.work_dir)
     _print_result(report, out, "searched architecture")
 
 
 def minitron_command(
-    teacher: str = typer.Option(..., "--teacher", "-t", help=TEACHER_HELP),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
     out: Path = typer.Option(..., "--out", "-o", help="ArchSpec JSON to write."),
     params: str | None = typer.Option(
         None, "--params", help="Parameter target, e.g. 3.5M (ModelOpt-style Minitron)."),
@@ -199,18 +191,8 @@ def minitron_command(
     budget_fraction: float | None = budget_fraction_option(),
     importance: Path | None = typer.Option(
         None, "--importance", "-i", help="Importance file; computed if omitted."),
-    data: Path | None = typer.Option(
-        None, "--data", help="Corpus directory (calibration split). Default: the stdlib corpus."),
-    max_depth_drop: int | None = typer.Option(
-        None, help="Most layers Minitron may drop (0 = width only; default: every layer the "
-        "search may empty, i.e. all but the first and last)."),
-    top_k: int = typer.Option(
-        10, help="Largest candidates within the target that are ranked after a short "
-        "distillation (ModelOpt's top_k)."),
-    distill_tokens: int = typer.Option(
-        32_768, help="Short distillation of each of the top-k before ranking (0 = rank by "
-        "calibration KL right after pruning)."),
-    granularity: int = typer.Option(16, help="Hidden sizes and FFN widths are multiples of this."),
+    data: Path | None = typer.Option(None, "--data", help=DATA_HELP),
+    config: list[str] = config_option(MINITRON_CONFIG_EXAMPLE),
 ) -> None:
     """Minitron baseline: homogeneous pruning (same width/heads in every layer, optional depth).
 
@@ -220,27 +202,25 @@ def minitron_command(
     the candidates that meet the limits, each timed on the target where this machine can time
     it: the fair hardware-matched comparison for `autocompress search`.
     """
-    from autocompress.arch_search.minitron import MinitronConfig
-    from autocompress.arch_search.run import SearchConfig, SearchContext, minitron_to_file
-    from autocompress.arch_search.space import SpaceConfig
+    from autocompress.arch_search.config import SearchConfig
+    from autocompress.arch_search.context import SearchContext
+    from autocompress.arch_search.run import minitron_to_file
     from autocompress.atomic import check_out_file
     from autocompress.errors import AutoCompressError
 
     if (params is None) == (match_target is None):
         raise AutoCompressError("give exactly one of --params and --match-target",
-                                hint="--params 3.5M, or --match-target T --workload W --max-...")
+                                hint="--params 3.5M, or --match-target T --workload W --limit ...")
     if match_target is not None and workload is None:
         raise AutoCompressError("--match-target needs --workload", hint=WORKLOAD_HELP)
-    config = SearchConfig(space=SpaceConfig(granularity=granularity),
-                          minitron=MinitronConfig(max_depth_drop=max_depth_drop, top_k=top_k,
-                                                  distill_tokens=distill_tokens))
+    search_config = load_settings(SearchConfig, config, "baseline minitron")
     check_out_file(out)
-    ctx = SearchContext.build(teacher, match_target, workload if match_target else None, config,
-                              importance=importance, corpus_dir=data)
+    ctx = SearchContext.build(model, match_target, workload if match_target else None,
+                              search_config, importance=importance, corpus_dir=data)
     if params is not None:
-        report = minitron_to_file(ctx, out, params=_parse_count(params), config=config,
+        report = minitron_to_file(ctx, out, params=_parse_count(params), config=search_config,
                                   progress=True)
     else:
         limits = ctx.resolve_limits(limits, budget_fraction)
-        report = minitron_to_file(ctx, out, limits=limits, config=config, progress=True)
+        report = minitron_to_file(ctx, out, limits=limits, config=search_config, progress=True)
     _print_result(report, out, f"Minitron ({report['mode']})")

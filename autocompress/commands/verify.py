@@ -8,45 +8,64 @@ from pathlib import Path
 import typer
 
 from autocompress.commands import MODEL_HELP
-from autocompress.commands.limit_options import NO_LIMITS, limit_options
+from autocompress.commands.aliases import aliased, renamed, setting
+from autocompress.commands.limit_options import LIMIT_ALIASES, NO_LIMITS, limit_options
+from autocompress.commands.settings import config_option, load_settings
+from autocompress.defaults import DEFAULT_TARGET, DEFAULT_WORKLOAD
 from autocompress.limits import Limits
+
+VERIFY_CONFIG_EXAMPLE = (
+    "Keys of VerifyOptions, e.g. repeats=5 (timed, after warmup=1), sessions=3 (pooled: one "
+    "session on a shared host can read 5-18% off), threads=N (default: the fitted cost "
+    "model's), seed=0; isl=, osl=, batch= (override the preset's prompt length, output "
+    "length, concurrency); cost_model=FILE (compare with it instead of the target's own)."
+)
+# The command's own defaults where they differ from the flow's (VerifyOptions): a quick
+# check by hand times fewer repetitions than the flow's verdict before registering.
+VERIFY_DEFAULTS = {"repeats": 5}
+
+# Old spellings (one release): the limits file and the settings that moved to --config.
+VERIFY_ALIASES = {
+    **LIMIT_ALIASES,
+    "--limits": renamed("--limit"),
+    **{f"--{key.replace('_', '-')}": setting(key) for key in (
+        "isl", "osl", "batch", "repeats", "warmup", "sessions", "threads", "cost_model")},
+}
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the main app."""
-    app.command("verify")(limit_options(verify_command))
+    app.command("verify", cls=aliased(VERIFY_ALIASES))(limit_options(verify_command))
+
+
+def _verify_settings():
+    """VerifyOptions plus the workload overrides and the cost model to compare with."""
+    from autocompress.stage_config import VerifyOptions
+
+    class VerifySettings(VerifyOptions):
+        isl: int | None = None
+        osl: int | None = None
+        batch: int | None = None
+        cost_model: Path | None = None
+
+    return VerifySettings
 
 
 def verify_command(
     model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
     target: str = typer.Option(
-        "cpu-local/hf-eager/fp32", "--target",
+        DEFAULT_TARGET, "--target",
         help="HARDWARE/ENGINE/DTYPE to measure on; must be this machine (the local CPU, "
         "or a local GPU with hf-eager).",
     ),
     workload: str = typer.Option(
-        "interactive-cpu", "--workload", "-w",
+        DEFAULT_WORKLOAD, "--workload", "-w",
         help="Workload preset (see `autocompress costmodel presets`).",
     ),
-    isl: int | None = typer.Option(None, help="Override the preset's prompt length."),
-    osl: int | None = typer.Option(None, help="Override the preset's output length."),
-    batch: int | None = typer.Option(None, help="Override the preset's concurrency."),
     limits: Limits = NO_LIMITS,
-    limits_file: Path | None = typer.Option(
-        None, "--limits", help="JSON file of limits (the Limits fields); options override it."
-    ),
-    repeats: int = typer.Option(5, help="Timed repetitions (after warm-up)."),
-    warmup: int = typer.Option(1, help="Untimed warm-up repetitions."),
-    sessions: int = typer.Option(3, help="Timing sessions pooled (median of each metric): "
-                                 "one session on a shared host can read 5-18% off."),
-    threads: int | None = typer.Option(
-        None, help="torch threads while measuring (default: those of the fitted cost model)."
-    ),
-    cost_model: Path | None = typer.Option(
-        None, help="Cost model JSON to compare with (default: the target's fitted one, "
-        "else the analytic model)."
-    ),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json",
+                                         help="Write the report JSON to this file."),
+    config: list[str] = config_option(VERIFY_CONFIG_EXAMPLE),
 ) -> None:
     """Measure a model on the target and check its limits; exit 1 if one is violated.
 
@@ -59,29 +78,24 @@ def verify_command(
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.workload import get_workload
-    from autocompress.errors import AutoCompressError
-    from autocompress.limits import limits_from_options
     from autocompress.verify import verify
 
-    limits = limits_from_options(limits_file, **limits.model_dump(exclude_none=True))
+    settings = load_settings(_verify_settings(), config, "verify", base=VERIFY_DEFAULTS)
     if json_out:  # a directory named as the JSON file is refused before measuring
         from autocompress.atomic import check_out_file
 
         check_out_file(json_out, "--json")
-    for name, value, least in (("--repeats", repeats, 1), ("--warmup", warmup, 0),
-                               ("--threads", threads, 1), ("--sessions", sessions, 1)):
-        if value is not None and value < least:
-            raise AutoCompressError(f"{name} must be at least {least} (got {value})",
-                                    hint=f"pass {name} {least} or more")
     parsed = Target.parse(target)
     if model.startswith("models:/"):  # the registered file the engine serves, else its model
         from autocompress.tracking import registered_artifact
 
         model = str(registered_artifact(model, ("engine_model", "model")))
-    shape = get_workload(workload).with_overrides(isl=isl, osl=osl, batch=batch)
-    model_cost = CostModel.load(cost_model) if cost_model else None
-    report = verify(model, parsed, shape, limits, repeats=repeats, warmup=warmup,
-                    threads=threads, cost_model=model_cost, sessions=sessions)
+    shape = get_workload(workload).with_overrides(isl=settings.isl, osl=settings.osl,
+                                                  batch=settings.batch)
+    model_cost = CostModel.load(settings.cost_model) if settings.cost_model else None
+    report = verify(model, parsed, shape, limits, repeats=settings.repeats,
+                    warmup=settings.warmup, threads=settings.threads, seed=settings.seed,
+                    cost_model=model_cost, sessions=settings.sessions)
     if json_out:
         write_json_atomic(json_out, report.model_dump(mode="json"), indent=1)
     _print_verify(report)
