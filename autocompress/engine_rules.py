@@ -16,8 +16,8 @@ the export must satisfy both), ``llama.cpp`` (``convert_hf_to_gguf.py`` with the
 ``deci`` architecture), ``hf`` (transformers 5 with the export's own remote code).
 Sources were read at the versions named in ``SOURCES``.
 
-``python -m autocompress.engine_rules`` prints the README's engine x feature
-table (a test checks the README holds exactly that table).
+``python -m autocompress.engine_rules`` prints the engine x feature
+table of docs/exports-and-engines.md (a test checks the guide holds exactly that table).
 """
 
 from __future__ import annotations
@@ -498,14 +498,14 @@ def engine_for_target(target_engine: str) -> str | None:
     return TARGET_ENGINES.get(target_engine)
 
 
-# ------------------------------------------------------------------ README
+# ------------------------------------------------------------------ the guide's table
 
 
 _CELL = {"exact": "exact", "stand-in": "exact (stand-in)", "refused": "refused"}
 
 
 def table_markdown() -> str:
-    """The engine x feature table of the README."""
+    """The engine x feature table of docs/exports-and-engines.md."""
     header = "| feature | " + " | ".join(ENGINES) + " |"
     rows = [header, "|---|" + "---|" * len(ENGINES)]
     for rule in RULES:
