@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import typer
+from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
 from autocompress.atomic import write_json_atomic
+from autocompress.commands import format_option, print_json
+from autocompress.commands.aliases import PRINT_JSON, aliased, setting
+from autocompress.commands.settings import config_option, load_settings
 from autocompress.defaults import DEFAULT_TARGET
 from autocompress.errors import AutoCompressError
 
@@ -114,12 +119,12 @@ def hardware_list() -> None:
 # ----------------------------------------------------------------- costmodel
 
 
-@costmodel_app.command("presets")
-def presets(as_json: bool = typer.Option(False, "--json", help="Print JSON instead.")) -> None:
+@costmodel_app.command("presets", cls=aliased(PRINT_JSON))
+def presets(fmt: str = format_option("the presets")) -> None:
     """List the workload presets with their settings."""
     from autocompress.costmodel.workload import PRESETS
 
-    if as_json:
+    if print_json(fmt):
         typer.echo(json.dumps({k: w.model_dump() for k, w in PRESETS.items()}, indent=2))
         return
     table = Table(title="workload presets")
@@ -133,8 +138,8 @@ def presets(as_json: bool = typer.Option(False, "--json", help="Print JSON inste
         console.print(f"[bold]{w.name}[/bold]: {w.description}")
 
 
-@costmodel_app.command("targets")
-def targets(as_json: bool = typer.Option(False, "--json", help="Print JSON instead.")) -> None:
+@costmodel_app.command("targets", cls=aliased(PRINT_JSON))
+def targets(fmt: str = format_option("the targets")) -> None:
     """List every target (hardware/engine/dtype): measured here or analytic, fitted or not."""
     from autocompress.costmodel.model import default_path
     from autocompress.costmodel.target import Target, known_targets
@@ -144,7 +149,7 @@ def targets(as_json: bool = typer.Option(False, "--json", help="Print JSON inste
         target = Target.parse(name)
         rows.append({"target": name, "measurable": target.measurable,
                      "cost_model": "fitted" if default_path(target).exists() else "analytic"})
-    if as_json:
+    if print_json(fmt):
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="targets (HARDWARE/ENGINE/DTYPE)")
@@ -167,16 +172,37 @@ def _cost_model(target_text: str, tp: int, cost_model: Path | None, threads: int
         if model.target.name != target.name:
             raise AutoCompressError(
                 f"cost model {cost_model} is for {model.target.name}, not {target.name}",
-                hint="pass the matching --target or another --cost-model",
+                hint="pass the matching --target or another cost_model (--config cost_model=FILE)",
             )
         return model.model_copy(update={"target": target})
     return CostModel.for_target(target)
 
 
-@costmodel_app.command("predict")
+class PredictSettings(BaseModel):
+    """What-if settings of ``costmodel predict`` (the preset's shape, the parallelism)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    isl: int | None = Field(None, description="prompt length (tokens)")
+    osl: int | None = Field(None, description="generated tokens")
+    concurrency: int | None = Field(None, description="the batch")
+    tp: int = Field(1, description="tensor-parallel degree (GPUs per replica)")
+    cost_model: Path | None = Field(None, description="a saved cost model JSON")
+
+
+PREDICT_CONFIG_EXAMPLE = (
+    "Keys: isl=N, osl=N, concurrency=N (override the preset's prompt length, generated "
+    "tokens, batch), tp=N (GPUs per replica), cost_model=FILE (default: the target's fitted "
+    "model if any, else the analytic one)."
+)
+PREDICT_ALIASES = {**PRINT_JSON, **{f"--{key.replace('_', '-')}": setting(key) for key in
+                                    PredictSettings.model_fields}}
+
+
+@costmodel_app.command("predict", cls=aliased(PREDICT_ALIASES))
 def predict(
     model: str = typer.Option(
-        ..., "--model", help="Model directory, config.json (Llama family, nemotron-nas "
+        ..., "--model", "-m", help="Model directory, config.json (Llama family, nemotron-nas "
         "block_configs, autocompress_hetero), ArchSpec JSON, or `default`."
     ),
     target: str = typer.Option(
@@ -184,23 +210,18 @@ def predict(
         "(default: the workload preset's default target)."
     ),
     workload: str = typer.Option(
-        None, "--workload", help="Workload preset (see `costmodel presets`); default: the "
-        "target's preset."
+        None, "--workload", "-w", help="Workload preset (see `costmodel presets`); default: "
+        "the target's preset."
     ),
-    isl: int = typer.Option(None, "--isl", help="Override the prompt length (tokens)."),
-    osl: int = typer.Option(None, "--osl", help="Override the generated tokens."),
-    concurrency: int = typer.Option(None, "--concurrency", help="Override the batch."),
-    tp: int = typer.Option(1, "--tp", help="Tensor-parallel degree (GPUs per replica)."),
-    cost_model: Path | None = typer.Option(
-        None, "--cost-model", help="A saved cost model JSON (default: the fitted model of "
-        "the target if any, else the analytic one)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    fmt: str = format_option("the prediction"),
+    config: list[str] = config_option(PREDICT_CONFIG_EXAMPLE),
 ) -> None:
     """Predict TTFT, TPOT, end-to-end latency, throughput, memory and fit of a model."""
     from autocompress.costmodel.configs import load_arch
     from autocompress.costmodel.workload import default_workload_for, get_workload
 
+    settings = load_settings(PredictSettings, config, "costmodel predict")
+    isl, osl, concurrency, tp = settings.isl, settings.osl, settings.concurrency, settings.tp
     spec, notes = load_arch(model)
     if workload is None and target is None:
         raise AutoCompressError("give --target and/or --workload",
@@ -209,9 +230,9 @@ def predict(
     target = target or preset.default_target
     chosen = preset.with_overrides(isl=isl, osl=osl, batch=concurrency)
     if tp < 1:
-        raise AutoCompressError(f"--tp must be at least 1 (got {tp})",
-                                hint="--tp is the number of GPUs per replica, e.g. --tp 2")
-    cm = _cost_model(target, tp, cost_model)
+        raise AutoCompressError(f"tp must be at least 1 (got {tp})",
+                                hint="tp is the number of GPUs per replica, e.g. --config tp=2")
+    cm = _cost_model(target, tp, settings.cost_model)
     spec.validate_legality(tp=tp)
     result = cm.predict(spec, chosen)
     payload = {
@@ -225,7 +246,7 @@ def predict(
         "cost_model": result.cost_model,
         "notes": notes,
     }
-    if as_json:
+    if print_json(fmt):
         typer.echo(json.dumps(payload, indent=2))
         return
     table = Table(title=f"{model} on {result.target} (tp={tp}), {chosen.name}: "
@@ -255,31 +276,45 @@ def _workloads(names: list[str] | None):
     return [get_workload(n) for n in (names or CPU_FIT_WORKLOADS)]
 
 
-@costmodel_app.command("fit")
+MEASURABLE_HELP = ("A measurable target: cpu-local/hf-eager/fp32|bf16 or "
+                   "cpu-local/llama.cpp/f32|f16|q8_0|q4_0.")
+FIT_WORKLOAD_HELP = "Workloads to fit on (repeatable; default: the three -cpu presets)."
+
+
+def _fit_settings():
+    """FitOptions (the flow's fit settings) plus how this machine is timed."""
+    from autocompress.stage_config import FitOptions
+
+    class FitSettings(FitOptions):
+        threads: int = Field(1, ge=1)
+        statistic: Literal["median", "floor"] = "median"
+        rows: Path | None = None
+
+    return FitSettings
+
+
+FIT_CONFIG_EXAMPLE = (
+    "Keys of FitOptions, e.g. n_probes=20, repeats=3, warmup=1, seed=0, paired=true (time "
+    "each probe in lockstep with the teacher's architecture; false: alone); threads=1 (" +
+    THREADS_HELP + "), statistic=median|floor (" + STATISTIC_HELP + "), rows=FILE (also "
+    "save the probe data JSON)."
+)
+FIT_ALIASES = {
+    "--probes": setting("n_probes"), "--repeats": setting("repeats"),
+    "--warmup": setting("warmup"), "--threads": setting("threads"), "--seed": setting("seed"),
+    "--statistic": setting("statistic"), "--rows": setting("rows"),
+    "--paired": setting("paired", "true"), "--absolute": setting("paired", "false"),
+}
+
+
+@costmodel_app.command("fit", cls=aliased(FIT_ALIASES))
 def fit(
-    target: str = typer.Option(DEFAULT_TARGET, "--target",
-                               help="A measurable target: cpu-local/hf-eager/fp32|bf16 or "
-                               "cpu-local/llama.cpp/f32|f16|q8_0|q4_0."),
-    probes: int = typer.Option(20, "--probes", help="Probe architectures to measure."),
-    workload: list[str] = typer.Option(
-        None, "--workload", help="Workloads to fit on (repeatable; default: the three "
-        "-cpu presets)."
-    ),
-    repeats: int = typer.Option(3, help="Measured repetitions per probe and workload."),
-    warmup: int = typer.Option(1, help="Unrecorded warm-up repetitions."),
-    threads: int = typer.Option(1, help=THREADS_HELP),
-    seed: int = typer.Option(0, help="Seed of the probe design and weights."),
-    statistic: str = typer.Option("median", help=STATISTIC_HELP),
-    paired: bool = typer.Option(
-        True, "--paired/--absolute",
-        help="Time every probe in lockstep with the teacher's architecture and fit the "
-        "ratio × the reference's uncontended time (steady on a shared CPU), or time each "
-        "probe alone. verify and the search measure the same way as the fit.",
-    ),
+    target: str = typer.Option(DEFAULT_TARGET, "--target", help=MEASURABLE_HELP),
+    workload: list[str] = typer.Option(None, "--workload", "-w", help=FIT_WORKLOAD_HELP),
     out: Path | None = typer.Option(
         None, "--out", help="Where to save the model (default: AUTOCOMPRESS_HOME/costmodels/)."
     ),
-    rows_out: Path | None = typer.Option(None, "--rows", help="Also save the probe data JSON."),
+    config: list[str] = config_option(FIT_CONFIG_EXAMPLE),
 ) -> None:
     """Measure probe architectures on the local target and fit the cost model (NNLS)."""
     from autocompress.costmodel.fit import fit_cost_model
@@ -287,11 +322,15 @@ def fit(
     from autocompress.costmodel.probes import default_base_config
     from autocompress.costmodel.target import Target
 
+    settings = load_settings(_fit_settings(), config, "costmodel fit")
+    threads, rows_out = settings.threads, settings.rows
     _set_threads(threads)
     parsed = Target.parse(target, threads=threads)
-    model, rows = fit_cost_model(parsed, default_base_config(), _workloads(workload),
-                                 n_probes=probes, repeats=repeats, warmup=warmup, seed=seed,
-                                 statistic=statistic, paired=paired)
+    model, rows = fit_cost_model(parsed, default_base_config(),
+                                 _workloads(workload or settings.workloads),
+                                 n_probes=settings.n_probes, repeats=settings.repeats,
+                                 warmup=settings.warmup, seed=settings.seed,
+                                 statistic=settings.statistic, paired=settings.paired)
     path = out or default_path(parsed)
     sha = model.save(path)
     if rows_out:
@@ -309,45 +348,60 @@ def fit(
     console.print(f"saved {path} (sha256 {sha[:16]}…) in {report.seconds:.0f} s")
 
 
-@costmodel_app.command("validate")
+class ValidateSettings(BaseModel):
+    """How ``costmodel validate`` samples and times architectures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(30, ge=1, description="sampled architectures")
+    repeats: int = Field(5, ge=1)
+    warmup: int = Field(1, ge=0)
+    threads: int = Field(1, ge=1)
+    seed: int = 1000
+    statistic: Literal["median", "floor"] = "median"
+    cost_model: Path | None = None
+    plot: Path | None = None
+
+
+VALIDATE_CONFIG_EXAMPLE = (
+    "Keys: n=30 (sampled architectures), repeats=5, warmup=1, threads=1, seed=1000, "
+    "statistic=median|floor, cost_model=FILE (default: the target's fitted one), "
+    "plot=FILE (a predicted-vs-measured PNG)."
+)
+VALIDATE_ALIASES = {f"--{key.replace('_', '-')}": setting(key)
+                    for key in ValidateSettings.model_fields}
+
+
+@costmodel_app.command("validate", cls=aliased(VALIDATE_ALIASES))
 def validate(
-    target: str = typer.Option(DEFAULT_TARGET, "--target",
-                               help="A measurable target: cpu-local/hf-eager/fp32|bf16 or "
-                               "cpu-local/llama.cpp/f32|f16|q8_0|q4_0."),
-    n: int = typer.Option(30, "--n", help="Sampled architectures."),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the report JSON here."),
-    plot: Path | None = typer.Option(None, "--plot", help="Write a predicted-vs-measured PNG."),
-    workload: list[str] = typer.Option(
-        None, "--workload", help="Workloads (repeatable; default: the three -cpu presets)."
-    ),
-    repeats: int = typer.Option(5, help="Measured repetitions per architecture."),
-    warmup: int = typer.Option(1, help="Unrecorded warm-up repetitions."),
-    threads: int = typer.Option(1, help=THREADS_HELP),
-    seed: int = typer.Option(1000, help="Seed of the sampled architectures."),
-    statistic: str = typer.Option("median", help=STATISTIC_HELP),
-    cost_model: Path | None = typer.Option(
-        None, "--cost-model", help="Saved cost model (default: the target's fitted one)."
-    ),
+    target: str = typer.Option(DEFAULT_TARGET, "--target", help=MEASURABLE_HELP),
+    workload: list[str] = typer.Option(None, "--workload", "-w", help=FIT_WORKLOAD_HELP),
+    json_out: Path | None = typer.Option(None, "--json",
+                                         help="Write the report JSON to this file."),
+    config: list[str] = config_option(VALIDATE_CONFIG_EXAMPLE),
 ) -> None:
     """Measure sampled architectures and report MAPE, Kendall τ and spread per metric."""
     from autocompress.costmodel.probes import default_base_config
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.validate import plot_validation, validate_cost_model
 
-    _set_threads(threads)
+    settings = load_settings(ValidateSettings, config, "costmodel validate")
+    n, statistic = settings.n, settings.statistic
+    _set_threads(settings.threads)
     if not Target.parse(target).measurable:
         raise AutoCompressError(f"{target} cannot be measured on this machine",
                                 hint="validate cpu-local/hf-eager/fp32 or cpu-local/llama.cpp/q8_0")
-    model = _cost_model(target, 1, cost_model, threads)
+    model = _cost_model(target, 1, settings.cost_model, settings.threads)
     if model.source != "fitted":
         console.print("[yellow]no fitted model for this target: validating the analytic "
                       "one (run `autocompress costmodel fit` first)[/yellow]")
     report = validate_cost_model(model, default_base_config(), _workloads(workload), n=n,
-                                 repeats=repeats, warmup=warmup, seed=seed, statistic=statistic)
+                                 repeats=settings.repeats, warmup=settings.warmup,
+                                 seed=settings.seed, statistic=statistic)
     if json_out:
         write_json_atomic(json_out, report.model_dump(mode="json"))
-    if plot:
-        plot_validation(report, plot)
+    if settings.plot:
+        plot_validation(report, settings.plot)
     table = Table(title=f"{model.version}: n={n} × {len(report.workloads)} workload(s), "
                   f"{statistic} of {report.timing} timings, {report.seconds:.0f} s")
     for column in ("metric", "MAPE %", "Kendall τ", "median spread %"):

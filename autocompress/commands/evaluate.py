@@ -21,7 +21,8 @@ _TASKS_HELP = (
 
 
 EVAL_CONFIG_EXAMPLE = (
-    "Keys of EvalConfig, e.g. num_items=300, seed=0, seq_len=256, batch_size=16, "
+    "limit=N (at most N items per task: quick checks, noisier scores); keys of EvalConfig, "
+    "e.g. num_items=300, seed=0, seq_len=256, batch_size=16, "
     "allow_code_execution=false (humaneval/mbpp run model-written code: use a sandbox); "
     "and device=auto|cpu|cuda:1, threads=N, tokenizer=DIR (when the model directory has none)."
 )
@@ -31,15 +32,18 @@ EVAL_ALIASES = {
     "--corpus": renamed("--data"),
     **{f"--{key.replace('_', '-')}": setting(key) for key in (
         "num_items", "seed", "seq_len", "batch_size", "device", "threads", "tokenizer")},
+    # `--limit` is a latency limit on every other command: here it is a setting.
+    "--limit": setting("limit"),
     "--allow-code-execution": setting("allow_code_execution", "true"),
 }
 
 
 def _eval_settings():
-    """EvalConfig plus where the model runs and its tokenizer (settings of the command)."""
+    """EvalConfig plus the items per task, where the model runs and its tokenizer."""
     from autocompress.evaluation import EvalConfig
 
     class EvalSettings(EvalConfig):
+        limit: int | None = Field(None, ge=1)
         device: str = "auto"
         threads: int | None = Field(None, ge=1)
         tokenizer: Path | None = None
@@ -53,8 +57,6 @@ def eval_command(
                               help="Corpus directory (default: $AUTOCOMPRESS_HOME/corpus, "
                                    "built on first use)."),
     tasks: str = typer.Option(None, "--tasks", help=_TASKS_HELP),
-    limit: int = typer.Option(None, "--limit", min=1,
-                              help="At most N items per task (quick checks; scores get noisier)."),
     json_out: Path = typer.Option(None, "--json",
                                   help="Write the result JSON to this file (atomically)."),
     config: list[str] = config_option(EVAL_CONFIG_EXAMPLE),
@@ -79,8 +81,8 @@ def eval_command(
 
         check_out_file(json_out, "--json")
     settings = load_settings(_eval_settings(), config, "eval")
-    cfg = EvalConfig.model_validate(settings.model_dump(exclude={"device", "threads",
-                                                                 "tokenizer"}))
+    cfg = EvalConfig.model_validate(settings.model_dump(exclude={"limit", "device",
+                                                                 "threads", "tokenizer"}))
     if settings.threads:
         torch.set_num_threads(settings.threads)
     lm, tok = load_causal_lm(model)
@@ -94,7 +96,7 @@ def eval_command(
     device = settings.device
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     lm.to(dev)
-    result = evaluate(lm, tok, tasks=tasks, limit=limit, corpus_dir=data, config=cfg,
+    result = evaluate(lm, tok, tasks=tasks, limit=settings.limit, corpus_dir=data, config=cfg,
                       model_name=str(model), quiet=False)
     console = Console()
     console.print(results_table(result))

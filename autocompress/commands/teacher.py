@@ -7,15 +7,24 @@ from pathlib import Path
 
 import typer
 
+from autocompress.commands import format_option, print_json
+from autocompress.commands.aliases import (
+    PRINT_JSON,
+    aliased,
+    model_or_positional,
+    old_positional,
+    renamed,
+    setting,
+)
+from autocompress.commands.settings import config_option, load_settings
+
 teacher_app = typer.Typer(help="Named teachers (list, build) and the default code teacher "
                           "(train, card).", no_args_is_help=True)
 
 
-@teacher_app.command("list")
-def list_teachers(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-) -> None:
-    """The named teachers (usable as --teacher / --model NAME) with size and scores.
+@teacher_app.command("list", cls=aliased(PRINT_JSON))
+def list_teachers(fmt: str = format_option("the teachers")) -> None:
+    """The named teachers (usable wherever a --model is asked for) with size and scores.
 
     Sizes come from the config (no weights are loaded, nothing is built); scores
     are the recorded ones (bench/real_teacher.py, the default teacher's eval.json).
@@ -26,7 +35,7 @@ def list_teachers(
     from autocompress.teachers import describe_named
 
     rows = describe_named()
-    if as_json:
+    if print_json(fmt):
         typer.echo(json.dumps(rows, indent=1))
         return
     table = Table(title="named teachers")
@@ -47,10 +56,16 @@ def list_teachers(
 
 
 @teacher_app.command("build")
-def build(name: str = typer.Argument(..., help="A named teacher, e.g. smollm2-135m.")) -> None:
+def build(
+    model: str = typer.Option(None, "--model", "-m",
+                              help="A named teacher, e.g. smollm2-135m. Required."),
+    old_name: str = old_positional(),
+) -> None:
     """Build (or find) a named teacher's model directory and print its path."""
     from autocompress.errors import AutoCompressError
     from autocompress.teachers import NAMED_TEACHERS, resolve_named
+
+    name = model_or_positional(model, old_name)
 
     if name not in NAMED_TEACHERS:
         raise AutoCompressError(f"no named teacher {name!r}",
@@ -58,69 +73,77 @@ def build(name: str = typer.Argument(..., help="A named teacher, e.g. smollm2-13
     typer.echo(str(resolve_named(name)))
 
 
-@teacher_app.command("train")
+TRAIN_CONFIG_EXAMPLE = (
+    "Keys of TeacherConfig, e.g. tokens=3000000, threads=2, num_layers=8, hidden_size=256, "
+    "vocab_size=4096, lr=0.002, seed=0; and eval_tasks=local, eval_limit=N (the teacher's "
+    "scores), register_as=NAME (null: not in MLflow), prefect=false (the library call directly, "
+    "without the Prefect flow)."
+)
+# The command's own defaults where they differ from TeacherConfig's.
+TRAIN_DEFAULTS = {"tokens": 3_000_000, "threads": 2}
+TRAIN_ALIASES = {
+    "--corpus": renamed("--data"),
+    "--tokens": setting("tokens"), "--threads": setting("threads"),
+    "--eval-tasks": setting("eval_tasks"), "--eval-limit": setting("eval_limit"),
+    "--no-register": setting("register_as", "null"), "--no-prefect": setting("prefect", "false"),
+}
+
+
+def _train_settings():
+    """TeacherConfig (strict: an unknown key is an error) plus the command's own settings."""
+    from pydantic import ConfigDict
+
+    from autocompress.teacher import TeacherConfig
+
+    class TrainSettings(TeacherConfig):
+        model_config = ConfigDict(extra="forbid")
+
+        eval_tasks: str | None = None
+        eval_limit: int | None = None
+        register_as: str | None = "autocompress-teacher"
+        prefect: bool = True
+
+    return TrainSettings
+
+
+@teacher_app.command("train", cls=aliased(TRAIN_ALIASES))
 def train(
-    tokens: int = typer.Option(3_000_000, help="Training token budget."),
     out: Path = typer.Option(None, help="Output model dir (default: the bundled teacher dir)."),
+    data: Path = typer.Option(None, "--data",
+                              help="Corpus dir (default $AUTOCOMPRESS_HOME/corpus)."),
     overwrite: bool = typer.Option(False, "--overwrite",
                                    help="Replace a non-empty --out (the bundled teacher too)."),
-    threads: int = typer.Option(2, help="torch intra-op threads."),
-    config: str = typer.Option(None, help="TeacherConfig overrides as JSON, e.g. "
-                               '\'{"num_layers": 4, "vocab_size": 2048}\'.'),
-    corpus: Path = typer.Option(None, help="Corpus dir (default $AUTOCOMPRESS_HOME/corpus)."),
-    eval_tasks: str = typer.Option(None, help="Benchmarks for the teacher's scores "
-                                   "(default: the local suite)."),
-    eval_limit: int = typer.Option(None, help="Cap items per benchmark (quick runs)."),
-    no_register: bool = typer.Option(False, "--no-register",
-                                     help="Do not register the teacher in MLflow."),
-    no_prefect: bool = typer.Option(False, "--no-prefect",
-                                    help="Run the library call directly, without a Prefect flow."),
+    config: list[str] = config_option(TRAIN_CONFIG_EXAMPLE),
 ) -> None:
     """Train the default teacher (Llama, 8 layers, h=256, GQA 8/2) on the corpus.
 
     Through the ``train_teacher`` Prefect flow (corpus, train, evaluate,
-    register) unless --no-prefect. Resumable: an interrupted run continues from
+    register) unless prefect=false. Resumable: an interrupted run continues from
     its last checkpoint when started again with the same settings.
     """
-    from autocompress.paths import default_teacher_dir, home
-    from autocompress.teacher import train_teacher
-
-    cfg = _teacher_config(config, tokens=tokens, threads=threads)
     from autocompress.atomic import check_out_dir
+    from autocompress.paths import default_teacher_dir, home
+    from autocompress.teacher import TeacherConfig, train_teacher
 
+    settings = load_settings(_train_settings(), config, "teacher train", base=TRAIN_DEFAULTS)
+    own = {"eval_tasks", "eval_limit", "register_as", "prefect"}
+    cfg = TeacherConfig.model_validate(settings.model_dump(exclude=own))
     out = check_out_dir(out or default_teacher_dir(), overwrite)
-    if no_prefect:
-        train_teacher(out, cfg, home() / "teacher-work", corpus_dir=corpus)
+    if not settings.prefect:
+        train_teacher(out, cfg, home() / "teacher-work", corpus_dir=data)
     else:
         from autocompress.commands.pipeline import _prepare_environment
 
         _prepare_environment()
         from flows.train_teacher import train_teacher as train_teacher_flow
 
-        train_teacher_flow(config=cfg.model_dump(), corpus_dir=str(corpus) if corpus else None,
-                           eval_tasks=eval_tasks, eval_limit=eval_limit,
-                           register_as=None if no_register else "autocompress-teacher",
+        train_teacher_flow(config=cfg.model_dump(), corpus_dir=str(data) if data else None,
+                           eval_tasks=settings.eval_tasks, eval_limit=settings.eval_limit,
+                           register_as=settings.register_as,
                            install_to=str(out))
     record = json.loads((out / "training.json").read_text())
     typer.echo(f"teacher written to {out}: {record['params']:,} parameters, "
                f"{record['tokens_seen']:,} tokens, held-out {record['final_eval']}")
-
-
-def _teacher_config(text: str | None, **fields):
-    """TeacherConfig from --config JSON plus the explicit options; bad JSON is a user error."""
-    from pydantic import ValidationError
-
-    from autocompress.errors import AutoCompressError
-    from autocompress.teacher import TeacherConfig
-
-    try:
-        overrides = json.loads(text) if text else {}
-        return TeacherConfig.model_validate({**overrides, **fields})
-    except (ValueError, ValidationError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise AutoCompressError(f"bad --config: {first}",
-                                'pass JSON of TeacherConfig fields, e.g. \'{"num_layers": 4}\''
-                                ) from None
 
 
 @teacher_app.command("card")
@@ -138,8 +161,10 @@ def card(
 
 @teacher_app.command("register")
 def register_command(
-    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory."),
+    model: Path = typer.Option(None, "--model", "-m",
+                               help="A Hugging Face model directory. Required."),
     name: str = typer.Option("autocompress-teacher", help="MLflow registry name."),
+    old_model_dir: Path = old_positional(),
 ) -> None:
     """Register a model directory as a teacher and emit autocompress.teacher.registered.
 
@@ -150,6 +175,7 @@ def register_command(
     from flows.train_teacher import register_teacher
 
     check_registry_name(name, "--name")  # before anything is published
+    model_dir = model_or_positional(model, old_model_dir)
     report = register_teacher(model_dir=str(model_dir), register_as=name)
     registered = report.outputs["registered"]
     typer.echo(f"registered {registered.name}@{registered.version}; {report.notes[-1]}")
