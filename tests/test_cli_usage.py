@@ -86,14 +86,15 @@ def _json(tmp_path, name, data):
 def test_predict_refuses_bad_shapes_and_workloads(tmp_path, capsys, monkeypatch):
     gpu = ["--target", "h100-sxm/vllm/bf16", "--workload", "interactive"]
     good = _json(tmp_path, "good.json", NEMOTRON)
-    code, _ = cli(capsys, monkeypatch, "costmodel", "predict", "--model", good, *gpu, "--json")
+    code, _ = cli(capsys, monkeypatch, "costmodel", "predict", "--model", good, *gpu,
+                  "--format", "json")
     assert code == 0
     bad_runs = {
-        "isl": (good, ["--isl", "-5"]),
-        "osl": (good, ["--osl", "0"]),
-        "batch: ": (good, ["--concurrency", "-1"]),
-        "tp": (good, ["--tp", "0"]),
-        "tp=3": (good, ["--tp", "3"]),  # 4 heads, 2 KV heads: not on 3 GPUs
+        "isl": (good, ["--config", "isl=-5"]),
+        "osl": (good, ["--config", "osl=0"]),
+        "batch: ": (good, ["--config", "concurrency=-1"]),
+        "tp": (good, ["--config", "tp=0"]),
+        "tp=3": (good, ["--config", "tp=3"]),  # 4 heads, 2 KV heads: not on 3 GPUs
         "num_attention_heads": (_json(tmp_path, "nokey.json", {
             k: v for k, v in NEMOTRON.items() if k != "num_attention_heads"}), []),
         "at least 1": (_json(tmp_path, "zero.json", {**NEMOTRON, "num_attention_heads": 0}), []),
@@ -120,15 +121,15 @@ def test_predict_refuses_bad_shapes_and_workloads(tmp_path, capsys, monkeypatch)
 
 
 def test_verify_usage_errors_exit_2_before_measuring(tmp_path, capsys, monkeypatch):
-    limits = {"--max-tpot-ms": ["-1", "0"], "--max-memory-gb": ["-0.5"], "--repeats": ["0"],
-              "--warmup": ["-1"], "--isl": ["-5"], "--osl": ["0"], "--batch": ["0"]}
-    files = {"not valid JSON": "{", "does not hold a JSON object": "[1]",
+    runs = [["--limit", "tpot=-1"], ["--limit", "tpot=0"], ["--limit", "memory=-0.5"],
+            ["--limit", "speed=3"], ["--config", "repeats=0"], ["--config", "warmup=-1"],
+            ["--config", "isl=-5"], ["--config", "osl=0"], ["--config", "batch=0"]]
+    files = {"cannot read": "{", "does not hold a mapping": "[1]",
              "Extra inputs": '{"max_tpt_ms": 4}', "valid number": '{"max_tpot_ms": "fast"}'}
-    runs = [[flag, value] for flag, values in limits.items() for value in values]
     for index, text in enumerate(files.values()):
         (tmp_path / f"{index}.json").write_text(text)
-        runs.append(["--limits", str(tmp_path / f"{index}.json")])
-    runs.append(["--limits", str(tmp_path / "missing.json")])
+        runs.append(["--limit", str(tmp_path / f"{index}.json")])
+    runs.append(["--limit", str(tmp_path / "missing.json")])
     # A model that does not exist: any measurement would fail differently.
     for extra in runs:
         code, err = cli(capsys, monkeypatch, "verify", "--model", tmp_path / "no-model", *extra)
@@ -146,12 +147,12 @@ def test_every_stage_option_is_checked_before_any_stage_runs(tmp_path, capsys, m
     monkeypatch.delenv("AUTOCOMPRESS_STORE", raising=False)
     bad = {'{"search": {"timing_drift": 0.7}}': "invalid search options: timing_drift: Input "
                                                 "should be less than 0.5 (got 0.7)",
-           '{"serch": {"timing_drift": 0.1}}': "no stage 'serch' takes options",
+           '{"serch": {"timing_drift": 0.1}}': "serch: Extra inputs are not permitted",
            '{"search": {"dnas": {"stepz": 3}}}': "search options: dnas.stepz: Extra inputs",
            '{"verify": {"repeat": 3}}': "verify options: repeat: Extra inputs",
            '{"distill": {"tokens": 0}}': "distill options: tokens: Input should be greater",
            '{"validation": {"noise_retry": {"rounds": -1}}}': "noise_retry.rounds"}
-    runs = [["run", "--budget-fraction", "0.5", "--options", text] for text in bad]
+    runs = [["run", "--budget-fraction", "0.5", "--config", text] for text in bad]
     runs.append(["bench", "compare", "--options", '{"search": {"timing_drift": 0.7}}'])
     for args, expected in zip(runs, [*bad.values(), "search options: timing_drift"],
                               strict=True):

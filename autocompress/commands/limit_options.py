@@ -57,7 +57,7 @@ def parse_limits(entries: list[str] | None) -> Limits:
     """``--limit`` entries (``METRIC=VALUE`` or a file, later ones win) as ``Limits``."""
     from autocompress.commands.settings import read_entries
 
-    data = read_entries([e for e in entries or [] if "=" not in e])  # the files first
+    data = read_entries([e for e in entries or [] if "=" not in e], option="--limit")  # files
     for entry in entries or []:
         if "=" in entry:
             name, _, value = entry.partition("=")

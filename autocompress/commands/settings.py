@@ -34,17 +34,18 @@ def config_option(example: str) -> typer.models.OptionInfo:
                         help=f"{CONFIG_HELP} {example}")
 
 
-def read_entries(entries: list[str] | None, base: dict[str, Any] | None = None) -> dict:
-    """``base`` with each ``--config`` entry (file or ``KEY=VALUE``) merged over it."""
+def read_entries(entries: list[str] | None, base: dict[str, Any] | None = None,
+                 option: str = "--config") -> dict:
+    """``base`` with each entry of ``option`` (file or ``KEY=VALUE``) merged over it."""
     data = copy.deepcopy(base or {})
     for entry in entries or []:
         if entry.lstrip().startswith("{"):  # an inline mapping (JSON or YAML flow style)
-            _merge(data, _mapping(_parse_value(entry, entry), entry))
+            _merge(data, _mapping(_parse_value(entry, entry, option), f"{option} {entry}"))
         elif _is_setting(entry):
             key, _, raw = entry.partition("=")
-            _set_dotted(data, key.strip(), _parse_value(raw, entry))
+            _set_dotted(data, key.strip(), _parse_value(raw, entry, option))
         else:
-            _merge(data, _read_file(Path(entry)))
+            _merge(data, _read_file(Path(entry), option))
     return data
 
 
@@ -66,31 +67,31 @@ def _is_setting(entry: str) -> bool:
     return "=" in entry and not Path(entry).is_file()
 
 
-def _parse_value(raw: str, entry: str) -> Any:
+def _parse_value(raw: str, entry: str, option: str) -> Any:
     """A KEY=VALUE value as YAML reads it: 3 -> int, false -> bool, [1, 0.5] -> list."""
     try:
         return yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
-        raise AutoCompressError(f"cannot read --config {entry!r}",
+        raise AutoCompressError(f"cannot read {option} {entry!r}",
                                 "write KEY=VALUE, e.g. dnas.steps=40 or head_fractions=[1,0.5]"
                                 ) from None
 
 
-def _read_file(path: Path) -> dict:
+def _read_file(path: Path, option: str) -> dict:
     try:
         data = yaml.safe_load(path.read_text())  # YAML reads JSON too
     except (OSError, yaml.YAMLError) as err:
         first = str(err).strip().splitlines()[0]
-        raise AutoCompressError(f"cannot read --config {path}: {first}",
+        raise AutoCompressError(f"cannot read {option} {path}: {first}",
                                 "pass a YAML or JSON file of settings, or KEY=VALUE") from None
-    return _mapping(data, str(path))
+    return _mapping(data, f"{option} {path}")
 
 
 def _mapping(data: Any, where: str) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise AutoCompressError(f"--config {where} does not hold a mapping of settings",
+        raise AutoCompressError(f"{where} does not hold a mapping of settings",
                                 "write KEY: VALUE lines (YAML) or a JSON object")
     return data
 
