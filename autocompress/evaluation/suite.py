@@ -22,7 +22,9 @@ Keys whose part of the suite did not run are ``null``.
 Task names accepted in ``tasks``: the local tasks (``next_line``,
 ``identifier``, ``docstring``, ``indent``), ``heldout`` (bits per byte +
 next-token metrics), the set ``local`` (all of those, the default), lm-eval
-task names (``hellaswag``...) and the set ``minitron``.
+task names (``hellaswag``...) and the set ``minitron``; and, only when named,
+``humaneval_bpb`` (HumanEval canonical solutions' bits per byte, no code runs) and
+``humaneval_pass`` (pass@k; needs ``allow_code_execution``), see ``humaneval``.
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
-from autocompress.evaluation import harness, heldout, mc_tasks, standard
+from autocompress.evaluation import harness, heldout, humaneval, mc_tasks, standard
 from autocompress.evaluation.standard import STANDARD_SETS
 
 LOCAL_SET: tuple[str, ...] = (*mc_tasks.LOCAL_TASKS, "heldout")
 TASK_SETS: dict[str, tuple[str, ...]] = {"local": LOCAL_SET, **STANDARD_SETS}
 _LM_EVAL_PREFIX = "autocompress_"  # lm-eval names of our local tasks
+HUMANEVAL_TASKS = ("humaneval_bpb", "humaneval_pass")  # ours, offline (lm-eval's is `humaneval`)
 
 
 class EvalConfig(BaseModel):
@@ -160,6 +163,9 @@ def evaluate(model: torch.nn.Module, tokenizer, tasks: Iterable[str] | str | Non
                                 hint="give a positive limit, or none for every item")
     cfg = config or EvalConfig()
     local, run_heldout, std_names = expand_tasks(tasks)
+    human = [n for n in std_names if n in HUMANEVAL_TASKS]
+    std_names = [n for n in std_names if n not in HUMANEVAL_TASKS]
+    problems = _humaneval_problems(human, cfg)  # before any work: a missing package fails fast
     needs_corpus = bool(local) or run_heldout
     corpus = (Path(corpus_dir) if corpus_dir else ensure_corpus()) if needs_corpus else None
     # Standard benchmarks are loaded first: a missing dataset fails in seconds,
@@ -177,7 +183,7 @@ def evaluate(model: torch.nn.Module, tokenizer, tasks: Iterable[str] | str | Non
         "corpus_fingerprint": load_manifest(corpus).fingerprint if docs else None,
     })
     was_training = model.training
-    n_stages = len(local) + bool(local) + 3 * run_heldout + bool(std_names)
+    n_stages = len(local) + bool(local) + 3 * run_heldout + bool(std_names) + len(human)
     try:
         with _Stages(n_stages, quiet) as run.stages:
             if local:
@@ -186,6 +192,8 @@ def evaluate(model: torch.nn.Module, tokenizer, tasks: Iterable[str] | str | Non
                 run.heldout_metrics(corpus, docs)
             if std_loaded is not None:
                 run.standard_tasks(std_names, std_loaded)
+            for name in human:
+                run.humaneval_task(name, problems[:limit])
     finally:
         model.train(was_training)
     return run.finish()
@@ -283,6 +291,26 @@ class _SuiteRun:
                 out, name, standard.chance_level(members, self.limit),
                 standard.score_metric(name, members), kind)
 
+    def humaneval_task(self, name: str, problems: list[humaneval.Problem]) -> None:
+        """HumanEval's solutions' bits per byte (paired per problem), or pass@k."""
+        if name == "humaneval_bpb":
+            out = self.stages.run("HumanEval bits per byte", humaneval.likelihood, self.model,
+                                  self.tokenizer, problems)
+            self.result["tasks"][name] = {
+                "score": out.mean, "stderr": out.stderr, "chance": None,
+                "metric": "bits_per_byte", "kind": "likelihood", "n": len(problems),
+                "pooled_bits_per_byte": out.pooled, "truncated": out.truncated}
+            self.per_item[name] = out.per_problem
+            return
+        out = self.stages.run("HumanEval pass@k (sandboxed)", humaneval.pass_at_ks, self.model,
+                              self.tokenizer, problems,
+                              allow_code_execution=self.cfg.allow_code_execution)
+        self.result["tasks"][name] = {
+            "score": out["pass_at"][1], "stderr": None, "chance": None, "metric": "pass@1",
+            "kind": "generate", "n": len(problems), "samples": out["samples"],
+            **{f"pass@{k}": v for k, v in out["pass_at"].items()}}
+        self.per_item[name] = {t: float(c) for t, c in out["passed"].items()}
+
     def finish(self) -> dict[str, Any]:
         result = self.result
         mc = [e for e in result["tasks"].values() if e["kind"] == "multiple_choice"]
@@ -295,6 +323,13 @@ class _SuiteRun:
         result["per_item"] = self.per_item
         result["details"] = self.details
         return result
+
+
+def _humaneval_problems(names: list[str], cfg: EvalConfig) -> list[humaneval.Problem]:
+    """HumanEval's problems when a HumanEval task is asked for (checked before any work)."""
+    if "humaneval_pass" in names:
+        humaneval.require_code_execution(cfg.allow_code_execution)
+    return humaneval.load_problems() if names else []
 
 
 def _item_scores(samples: list[dict], metric: str) -> dict[str, float]:
