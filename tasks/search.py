@@ -69,6 +69,9 @@ def search_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
                             work_dir=ctx.checkpoint_dir() / "dnas", progress=True)
     for png in Path(out_dir).glob("*.png"):
         ctx.log_file(png)
+    if report.get("timing"):  # the machine while the pick was timed (busy: a warning)
+        ctx.log_params({"timing": {k: v for k, v in report["timing"].items()
+                                   if k != "conditions"}})
     return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
                        meta={"method": "autocompress-dnas"})
 

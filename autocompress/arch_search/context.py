@@ -246,7 +246,8 @@ def spec_timer(ctx: SearchContext, config: SearchConfig) -> SpecTimer | None:
         return None
     return SpecTimer(lambda spec: measure_spec(spec, ctx.model.config, ctx.cost_model,
                                                ctx.workload, config.measured_repeats,
-                                               config.timing_drift))
+                                               config.timing_drift),
+                     drift=config.timing_drift, busy=config.busy)
 
 
 def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
@@ -263,7 +264,7 @@ def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,
         inner, aimed = calibrate_aim(aim, spec_of, ctx.cost_model, ctx.workload, budgets,
                                      inner, config.measured_rounds, timer)
     found, rounds = closed_loop(pick, spec_of, ctx.cost_model, ctx.workload, budgets, inner,
-                                config.measured_rounds, timer)
+                                config.short_list_rounds, timer)
     return found, aimed + rounds
 
 

@@ -32,7 +32,7 @@ from autocompress.arch_search.discretize import (
     within_radius,
 )
 from autocompress.arch_search.dnas import DNASResult
-from autocompress.arch_search.measured import missed_budgets
+from autocompress.arch_search.measured import MET, MISSED, WITHIN_NOISE, missed_budgets, verdict
 from autocompress.arch_search.selection import (
     Finalist,
     Sides,
@@ -159,7 +159,9 @@ class FinalPick:
         self.budgets = budgets
         self.timer = spec_timer(ctx, config)
         self.rounds: list[list[dict[str, Any]]] = []
-        self.met: list[Finalist] = []  # short-listed candidates that met as measured, all rounds
+        # Short-listed candidates that met as measured, all rounds (or read within noise of
+        # the budgets twice: the timing cannot judge them, ``measured.verdict``).
+        self.met: list[Finalist] = []
         self.chosen: Finalist | None = None
         self.seconds = 0.0
         self._parts = {"candidates": 0.0, "short_distill": 0.0}
@@ -179,7 +181,8 @@ class FinalPick:
             short += extra
             best = best_scored(short, self._score, self.memo)
         timed = self._timed(short) if k > 1 else {}
-        met_now = [f for f in short if timed.get(f.choice, {}).get("met")]
+        met_now = [f for f in short
+                   if timed.get(f.choice, {}).get("verdict") in (MET, WITHIN_NOISE)]
         self.met += met_now
         chosen = self._settle(best, met_now)
         self.rounds.append([{**f.describe(self.ctx.space), **timed.get(f.choice, {}),
@@ -191,7 +194,7 @@ class FinalPick:
     def _settle(self, best: Finalist, met_now: list[Finalist]) -> Finalist:
         """The lowest KL that met in any round, once this round's best met or this is the
         loop's last round; before that, this round's best although it missed (a re-aim)."""
-        last_round = len(self.rounds) + 1 >= self.config.measured_rounds
+        last_round = len(self.rounds) + 1 >= self.config.short_list_rounds
         if not self.met or not (last_round or any(f is best for f in met_now)):
             return best
         return min(self.met, key=lambda f: (f.kl, f.estimate))
@@ -199,7 +202,10 @@ class FinalPick:
     def _timed(self, short: list[Finalist]) -> dict:
         """Time the short list, best KL first, up to the first that meets the budgets (so at
         most one timed candidate has met them); with ``confirm_timing`` it must meet them
-        in the reading that stands after a second timing too (``SpecTimer.confirm``)."""
+        in the reading that stands after a second timing too (``SpecTimer.confirm``). A
+        reading within noise of the budgets is taken again (``SpecTimer.recheck``); one that
+        still cannot tell also ends the walk: a busy machine's noise is no reason to fall
+        back on a smaller candidate."""
         if self.timer is None or self.budgets is None:
             return {}
         out = {}
@@ -207,15 +213,22 @@ class FinalPick:
             spec = self.ctx.space.spec_of(f.choice)
             measured, noise = self.timer(spec)
             row = {"measured": {m: measured[m] for m in self.budgets}}
-            met = self._meets(measured, noise)
-            if met and self.config.confirm_timing:
-                again, noise = self.timer.confirm(spec, self._meets)
-                row["confirmed"] = {m: again[m] for m in self.budgets}
-                met = self._meets(again, noise)
-            out[f.choice] = {**row, "met": met}
-            if met:
+            said = self._verdict(measured, noise)
+            if said == MET and self.config.confirm_timing:
+                measured, noise = self.timer.confirm(spec, self._meets)
+                row["confirmed"] = {m: measured[m] for m in self.budgets}
+                said = self._verdict(measured, noise)
+            if said == WITHIN_NOISE:
+                measured, noise = self.timer.recheck(spec, self._meets)
+                row["rechecked"] = {m: measured[m] for m in self.budgets}
+                said = self._verdict(measured, noise)
+            out[f.choice] = {**row, "met": said == MET, "verdict": said}
+            if said != MISSED:
                 break
         return out
+
+    def _verdict(self, measured: dict[str, float], noise: dict[str, float]) -> str:
+        return verdict(self.budgets, measured, noise, self.timer.drift)
 
     def _meets(self, measured: dict[str, float], noise: dict[str, float]) -> bool:
         return not missed_budgets(self.budgets, measured, noise)

@@ -21,22 +21,57 @@ pick is timed a second time after it was chosen (``SpecTimer.confirm``: the firs
 several near-limit candidates to meet a budget is likely one that read low; where that
 second timing misses, a third decides). The Minitron baseline gets the same allowance and
 the same confirmation of its pick, so the two stay matched. Targets this machine cannot
-time (GPU spec sheets) skip the loop. Why the loop exists: docs/measurement-history.md.
+time (GPU spec sheets) skip the loop. Why the loop exists: lab/measurement-history.md.
+
+On a busy machine (other jobs on the cores) the loop must not chase the load. Paired
+timing acts on the ratio of each architecture to the reference, times the reference's
+quiet time, so the load mostly cancels; what it leaves shows as a wider noise. A reading
+therefore gets one of three verdicts (``verdict``): *met* (within budget, noise and drift
+included: the strict side above), *missed* (over budget by more than its session's noise:
+the cost model is optimistic here, so the loop re-aims), or *within noise* (neither: the
+reading cannot tell). A reading within noise is taken again, after a bounded wait for a
+quiet window where the machine is busy (``SpecTimer.recheck``); if it still cannot tell,
+the pick is kept on the cost model's prediction and the loop says so. A re-aim never
+budgets for more noise than a quiet session shows (``BusyMachine.busy_noise``), so a
+noisy session does not aim lower. ``SpecTimer.summary`` is the search report's record of
+the load, the noise and what was done (one warning line where the machine was busy).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec
+from autocompress.costmodel.gate import machine_load, quiet_window
+from autocompress.progress import Bar
 
 TIMING_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 # Aim this far under a budget the architecture missed: the measurement is noisy.
 MARGIN = 0.02
+# The verdicts of a reading against its budgets (``verdict``).
+MET, WITHIN_NOISE, MISSED = "met", "within noise", "missed"
+
+
+class BusyMachine(BaseModel):
+    """How the measured loop times architectures on a machine that other jobs share."""
+
+    model_config = ConfigDict(extra="forbid")
+    busy_load: float = Field(
+        1.25, ge=0, description="1-minute load average per core above which the machine "
+        "counts as busy (the search's own threads make about 1.0 on their cores)")
+    busy_noise: float = Field(
+        0.03, ge=0, description="Relative noise of a timing (its session's, the drift "
+        "allowance apart) above which the session counts as noisy; paired timing on quiet "
+        "cores shows about 1%. A re-aim budgets for no more noise than this.")
+    wait_s: float = Field(
+        60.0, ge=0, description="Longest wait, all told in one search, for a quiet window "
+        "before timing again a pick that read within noise of a budget.")
+    poll_s: float = Field(5.0, gt=0, description="How often the load is read while waiting.")
 
 
 class MeasuredRound(BaseModel):
@@ -50,6 +85,8 @@ class MeasuredRound(BaseModel):
     met: bool
     aim: dict[str, float] = {}  # the bounds the pick aimed at (budgets less margins, re-aims)
     stage: str = "pick"  # "aim": a cheap pick timed to calibrate the aim (``calibrate_aim``)
+    verdict: str = ""  # MET, MISSED or WITHIN_NOISE (``verdict``; empty: not judged so)
+    why: str = ""  # the reading against its budget, in words (what the progress line says)
 
 
 def measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload,
@@ -95,7 +132,16 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
     model.to(measurement_device(cost_model.target))
     measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,
                                                memory=False)
-    return measurement.metrics(statistic), measurement_noise(measurement)
+    noise = measurement_noise(measurement)
+    if measurement.paired is not None:  # how far the load moved the absolute timings
+        noise[REFERENCE_SPREAD] = measurement.paired.reference_tpot_ms.spread
+    return measurement.metrics(statistic), noise
+
+
+# A key of a reading's noise (paired timing only): the relative spread (IQR / median) of the
+# reference's decode steps in that session, i.e. how much the machine's load moved absolute
+# timings; the ratios the search acts on are steadier (their noise is the metric's own).
+REFERENCE_SPREAD = "reference_spread"
 
 
 def missed_budgets(budgets: dict[str, float], measured: dict[str, float],
@@ -104,6 +150,39 @@ def missed_budgets(budgets: dict[str, float], measured: dict[str, float],
     noise = noise or {}
     return [m for m in budgets
             if m in TIMING_METRICS and measured[m] + noise.get(m, 0.0) > budgets[m]]
+
+
+def session_noise(measured: dict[str, float], noise: dict[str, float],
+                  drift: float = 0.0) -> dict[str, float]:
+    """The noise of each timing metric in its own session: ``noise`` less the ``drift``
+    allowance that ``with_drift`` added."""
+    return {m: max(0.0, noise[m] - drift * measured[m]) for m in TIMING_METRICS
+            if m in noise and m in measured}
+
+
+def verdict(budgets: dict[str, float], measured: dict[str, float],
+            noise: dict[str, float] | None = None, drift: float = 0.0) -> str:
+    """``MET`` where every timing budget holds on the strict side (measurement, noise and
+    drift allowance within it); ``MISSED`` where a budget is over, drift allowed for, by
+    more than the session's noise (the only case worth a re-aim); else ``WITHIN_NOISE``:
+    the reading cannot tell this architecture from one at the budget."""
+    noise = noise or {}
+    if not missed_budgets(budgets, measured, noise):
+        return MET
+    own = session_noise(measured, noise, drift)
+    over = [m for m in budgets if m in TIMING_METRICS
+            and measured[m] * (1 + drift) - budgets[m] > own.get(m, 0.0)]
+    return MISSED if over else WITHIN_NOISE
+
+
+def aim_noise(measured: dict[str, float], noise: dict[str, float], drift: float,
+              busy: BusyMachine) -> dict[str, float]:
+    """The noise a re-aim budgets for: the drift allowance plus the session's noise, the
+    latter at most what a quiet session shows (``busy.busy_noise``), so that a noisy
+    session does not aim at a smaller model than a quiet one would."""
+    own = session_noise(measured, noise, drift)
+    return {m: drift * measured[m] + min(n, busy.busy_noise * measured[m])
+            for m, n in own.items()}
 
 
 Reading = tuple[dict[str, float], dict[str, float]]  # (metrics, noise of each metric)
@@ -119,18 +198,30 @@ class SpecTimer:
     must meet its budgets there too, and that reading stands for the architecture from
     then on (the closed loop and the reports read it). Where the second timing misses,
     a third decides, and the median of the three stands: timing sessions on a shared host
-    spread by ±5% (docs/measurement-history.md), so an architecture at the limit misses in
+    spread by ±5% (lab/measurement-history.md), so an architecture at the limit misses in
     one of two timings about as often as not, and one such miss sends the search's whole
     short list back to be re-aimed lower. (It does not remove a systematic offset: the
     search's picks at interactive-cpu @ 60% still read 6-7% over ``verify`` in every
     seed with it.)"""
 
-    def __init__(self, measure: Callable[[ArchSpec], Reading]):
+    def __init__(self, measure: Callable[[ArchSpec], Reading], drift: float = 0.0,
+                 busy: BusyMachine | None = None, load: Callable[[], float] | None = None,
+                 sleep: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] | None = None):
         self._measure = measure
+        self.drift = drift  # the allowance ``measure`` adds to its noise (``with_drift``)
+        self.busy = busy or BusyMachine()
+        # The machine's load per core, and the wait's sleep and clock (tests script them).
+        self._load = load or machine_load
+        self._sleep, self._clock = sleep, clock
         self._memo: dict[str, Reading] = {}
         self._readings: dict[str, list[Reading]] = {}  # every timing of a confirmed one
         self.seconds = 0.0  # spent timing on the target
         self.timings = 0
+        self.conditions: list[dict[str, Any]] = []  # each timing: the load and the noise
+        self.waited_s = 0.0  # spent waiting for a quiet window (at most busy.wait_s)
+        self.actions: list[str] = []  # what was done about a busy machine, in order
+        self.warned: str | None = None  # the last warning printed
 
     def __call__(self, spec: ArchSpec) -> Reading:
         key = spec.to_json(indent=None)
@@ -155,13 +246,84 @@ class SpecTimer:
         self._memo[key] = readings[1] if len(readings) == 2 else median_reading(readings)
         return self._memo[key]
 
+    def recheck(self, spec: ArchSpec,
+                meets: Callable[[dict[str, float], dict[str, float]], bool]) -> Reading:
+        """The reading of ``spec`` that stands after taking a reading within noise again:
+        where the machine is busy, first a wait for a quiet window (bounded by what is left
+        of ``busy.wait_s``), then ``confirm``. An architecture already timed again keeps
+        the reading that stands (no architecture is timed more than three times)."""
+        if len(self._readings.get(spec.to_json(indent=None), [])) >= 2:
+            return self(spec)
+        left = self.busy.wait_s - self.waited_s
+        if self._load() > self.busy.busy_load and left > 0:
+            waited, load = quiet_window(left, self.busy.busy_load, self.busy.poll_s,
+                                        self._load, self._sleep, self._clock)
+            self.waited_s += waited
+            self.actions.append(f"waited {waited:.0f} s for a quiet window (load then "
+                                f"{load:.1f} per core)")
+        self.actions.append("timed a reading within noise of a budget again")
+        return self.confirm(spec, meets)
+
     def _timed(self, spec: ArchSpec) -> Reading:
         started = time.perf_counter()
+        load = self._load()
         try:
-            return self._measure(spec)
+            reading = self._measure(spec)
         finally:
             self.seconds += time.perf_counter() - started
             self.timings += 1
+        self._record(max(load, self._load()), *reading)
+        return reading
+
+    def _record(self, load: float, measured: dict[str, float],
+                noise: dict[str, float]) -> None:
+        """Keep the machine's conditions during one timing: its load, each timing metric's
+        relative noise in this session, and how far the load moved absolute timings."""
+        own = session_noise(measured, noise, self.drift)
+        self.conditions.append({
+            "load_per_core": round(load, 3),
+            "noise": {m: round(n / measured[m], 5) for m, n in own.items() if measured[m]},
+            REFERENCE_SPREAD: noise.get(REFERENCE_SPREAD)})
+
+    def summary(self, metrics: list[str] | tuple[str, ...] = TIMING_METRICS) -> dict[str, Any]:
+        """What the timings met on this machine, for the search's report: the highest load,
+        the noise of ``metrics`` (the budgets' timings), the wait, what was done, and a
+        one-line ``warning`` where the machine was busy (else None)."""
+        cores = os.cpu_count() or 1
+        load = max((c["load_per_core"] for c in self.conditions), default=self._load())
+        noise = {m: max((c["noise"].get(m, 0.0) for c in self.conditions), default=0.0)
+                 for m in metrics if m in TIMING_METRICS}
+        spreads = [c[REFERENCE_SPREAD] for c in self.conditions
+                   if c[REFERENCE_SPREAD] is not None]
+        busy = load > self.busy.busy_load or any(n > self.busy.busy_noise
+                                                 for n in noise.values())
+        out = {"busy": busy, "timings": self.timings, "load_per_core": round(load, 3),
+               "load_average": round(load * cores, 2), "cores": cores, "noise": noise,
+               "reference_spread": max(spreads, default=None), "waited_s": self.waited_s,
+               "actions": list(self.actions), "conditions": self.conditions}
+        out["warning"] = _busy_warning(out) if busy else None
+        return out
+
+    def warn(self, metrics: list[str] | tuple[str, ...] = TIMING_METRICS) -> str | None:
+        """Print the busy machine's warning line where it is new; return it (None: quiet)."""
+        warning = self.summary(metrics)["warning"]
+        if warning and warning != self.warned and not os.environ.get("AUTOCOMPRESS_QUIET"):
+            print(f"warning: {warning}", flush=True)
+        self.warned = warning or self.warned
+        return warning
+
+
+def _busy_warning(summary: dict[str, Any]) -> str:
+    """The one line that says the machine was too busy to time quietly, and what was done."""
+    noise = ", ".join(f"{m.split('_')[0]} ±{n:.1%}" for m, n in summary["noise"].items())
+    spread = summary["reference_spread"]
+    how = ("timed paired: acted on each ratio to the reference times the reference's quiet "
+           f"time (absolute timings spread {spread:.0%})" if spread is not None
+           else "timed unpaired")
+    done = "; ".join([how, *summary["actions"]])
+    return (f"machine busy while timing on the target: load average "
+            f"{summary['load_average']:.1f} on {summary['cores']} cores, noise {noise}; "
+            f"{done}")
 
 
 def corrected_budgets(inner: dict[str, float], budgets: dict[str, float],
@@ -248,19 +410,85 @@ def closed_loop(
     return choice, history
 
 
+# What the progress line of each measured loop is called.
+LOOP_BARS = {"aim": "calibrate aim", "pick": "measured loop"}
+
+
 def timed_rounds(pick, spec_of, cost_model, workload, budgets: dict[str, float],
                  inner: dict[str, float], rounds: int, measure, stage: str):
-    """Up to ``rounds`` timed picks, each re-aimed by the last one's misses: the last
-    choice, the rounds, and the bounds a next pick would aim at (``inner`` if it met)."""
+    """Up to ``rounds`` timed picks, each re-aimed only where the last one missed by more
+    than its noise (``verdict``): the last choice, the rounds, and the bounds a next pick
+    would aim at (``inner`` if the last one met or could not tell). A progress line says
+    each round's verdict and why; a busy machine's warning is printed once."""
+    timer = measure if isinstance(measure, SpecTimer) else SpecTimer(measure)
     choice = pick(inner)
     history: list[MeasuredRound] = []
-    for _ in range(rounds):
-        timed, tightened = measured_round(spec_of(choice), cost_model, workload, budgets, inner,
-                                          measure, stage)
+    bar = Bar(LOOP_BARS.get(stage, stage), rounds)
+    for number in range(1, rounds + 1):
+        timed, tightened = judged_round(spec_of(choice), cost_model, workload, budgets, inner,
+                                        timer, stage)
         history.append(timed)
-        if tightened is None:
+        after = ("re-aiming" if number < rounds else "no round left") \
+            if timed.verdict == MISSED else "done"
+        bar.update(number, f"round {number} of at most {rounds}: {timed.why}; {after}")
+        if timed.verdict != MISSED:
             break
         inner = tightened
-        if len(history) < rounds:
+        if number < rounds:
             choice = pick(inner)
+    bar.close()
+    timer.warn(list(budgets))
     return choice, history, inner
+
+
+def judged_round(spec: ArchSpec, cost_model, workload, budgets: dict[str, float],
+                 inner: dict[str, float], timer: SpecTimer, stage: str = "pick"
+                 ) -> tuple[MeasuredRound, dict[str, float] | None]:
+    """Time ``spec``, picked under ``inner``, and judge the reading (``verdict``); one that
+    cannot tell is taken again (``SpecTimer.recheck``). Returns the round and, where it
+    missed, the tightened bounds for the next pick (else None). A pick whose reading still
+    cannot tell is kept on the cost model's prediction, and the timer records that."""
+    predicted = cost_model.predict(spec, workload).metrics()
+    measured, noise = timer(spec)
+    said = verdict(budgets, measured, noise, timer.drift)
+    if said == WITHIN_NOISE:
+        measured, noise = timer.recheck(
+            spec, lambda m, n: not missed_budgets(budgets, m, n))
+        said = verdict(budgets, measured, noise, timer.drift)
+    tightened = None
+    if said == MISSED:
+        tightened = corrected_budgets(inner, budgets, predicted, measured,
+                                      aim_noise(measured, noise, timer.drift, timer.busy))
+    why = _why(said, budgets, predicted, measured, noise, timer.drift, cost_model)
+    if said == WITHIN_NOISE:
+        timer.actions.append(f"kept a pick the timing cannot judge: {why}")
+    return MeasuredRound(
+        params=spec.num_params(), met=said == MET, verdict=said, why=why, budgets=budgets,
+        aim=dict(inner), stage=stage,
+        predicted={m: float(predicted[m]) for m in TIMING_METRICS},
+        measured={m: float(measured[m]) for m in TIMING_METRICS},
+        noise={m: float(noise.get(m, 0.0)) for m in TIMING_METRICS}), tightened
+
+
+def _why(said: str, budgets: dict[str, float], predicted: dict[str, float],
+         measured: dict[str, float], noise: dict[str, float], drift: float,
+         cost_model) -> str:
+    """The reading of the timing budget closest to being broken, against it, in words."""
+    timed = [m for m in budgets if m in TIMING_METRICS] or list(TIMING_METRICS)
+    metric = max(timed, key=lambda m: (measured[m] * (1 + drift) + noise.get(m, 0.0))
+                 / budgets.get(m, measured[m] or 1.0))
+    if metric not in budgets:
+        return said
+    own = session_noise(measured, noise, drift).get(metric, 0.0)
+    reading = f"{metric} read {measured[metric]:.3g} ± {own:.2g}"
+    budget = f"{budgets[metric]:.3g} budget"
+    if said == MET:
+        return f"met: {reading}, within its {budget} (drift {drift:.0%} allowed for)"
+    if said == MISSED:
+        return f"missed: {reading}, over its {budget} by more than its noise"
+    fit = getattr(cost_model, "fit", None)
+    error = fit.train_mape.get(metric) if fit is not None else None
+    trust = (f"error on its fit's probes {error:.1f}%" if error is not None
+             else "not fitted here")
+    return (f"within noise: {reading} cannot tell it from its {budget}; the cost model "
+            f"predicts {predicted[metric]:.3g} ({trust})")

@@ -78,6 +78,9 @@ class SearchOutcome:
     evaluations: dict[str, int] = field(default_factory=dict)
     selection: list[dict[str, Any]] = field(default_factory=list)
     dnas_start: Choice | None = None  # where DNAS's logits started (None: uniform)
+    # The machine while the pick was timed: load, noise, what was done, a busy warning
+    # (``measured.SpecTimer.summary``; None: the target is not timed here).
+    timing: dict[str, Any] | None = None
 
     def report(self, ctx: SearchContext) -> dict[str, Any]:
         space = ctx.space
@@ -101,6 +104,7 @@ class SearchOutcome:
             "search_completed": self.dnas.completed,
             "seconds": self.seconds,
             "measured_rounds": [r.model_dump() for r in self.measured_rounds],
+            "timing": self.timing,
             "selection": self.selection,
             "space": space.describe(),
             "arch": self.spec.to_dict(),
@@ -201,7 +205,8 @@ def run_search(
     return SearchOutcome(spec=spec, limits=limits, budgets=budgets, prediction=prediction,
                          checks=checks, dnas=result, discretized=found, seconds=seconds,
                          measured_rounds=rounds, evaluations=repairs.evaluations,
-                         selection=final.report(), dnas_start=start)
+                         selection=final.report(), dnas_start=start,
+                         timing=final.timer.summary(list(budgets)) if final.timer else None)
 
 
 def _step_info(rec: dict[str, Any]) -> str:

@@ -7,6 +7,9 @@ good model looks bad. ``judge_with_retries`` tells the two apart: a failure
 measured while timings were noisy (spread known per metric) or while the
 machine was busy is measured again — after a bounded wait for quiet, with more
 repeats — before it counts; a failure on steady measurements is final at once.
+The bounded wait (``quiet_window``) also serves the search's measured loop
+(``arch_search.measured``), which waits for quiet before timing again a pick that
+read within noise of its budget.
 """
 
 from __future__ import annotations
@@ -41,12 +44,27 @@ def machine_load() -> float:
         return 0.0
 
 
+def quiet_window(wait_s: float, busy_load: float, poll_s: float = 5.0,
+                 load: Callable[[], float] | None = None,
+                 sleep: Callable[[float], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> tuple[float, float]:
+    """Sleep until the load drops to ``busy_load`` per core or under, at most ``wait_s``
+    seconds. Returns (seconds waited, load per core at the end). ``load``, ``sleep`` and
+    ``clock`` default to the machine's own (tests script them)."""
+    load = load or machine_load
+    sleep = sleep or time.sleep
+    clock = clock or time.monotonic
+    started = clock()
+    deadline = started + wait_s
+    while load() > busy_load and clock() < deadline:
+        sleep(min(poll_s, max(0.0, deadline - clock())))
+    return clock() - started, load()
+
+
 def wait_for_quiet(policy: NoiseRetry, log: Callable[[str], None], poll_s: float = 5.0) -> None:
     """Sleep until the load drops under ``busy_load`` per core, at most ``wait_s``."""
-    deadline = time.monotonic() + policy.wait_s
-    while machine_load() > policy.busy_load and time.monotonic() < deadline:
-        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
-    log(f"load is {machine_load():.1f} per core; measuring again")
+    _, load = quiet_window(policy.wait_s, policy.busy_load, poll_s)
+    log(f"load is {load:.1f} per core; measuring again")
 
 
 def judge_with_retries(
