@@ -164,18 +164,18 @@ def test_cli_predict_json_and_presets(configs):
     runner = CliRunner()
     result = runner.invoke(app, ["costmodel", "predict", "--model", str(configs["8b"]),
                                  "--target", "h100-sxm/vllm/bf16", "--workload", "datacenter",
-                                 "--concurrency", "8", "--json"])
+                                 "--config", "concurrency=8", "--format", "json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     for key in ("ttft_ms", "tpot_ms", "e2e_ms", "throughput_tok_s", "memory_gb",
                 "max_concurrency", "fits"):
         assert key in out
     assert out["fits"] is True and out["workload"]["batch"] == 8
-    result = runner.invoke(app, ["costmodel", "presets", "--json"])
+    result = runner.invoke(app, ["costmodel", "presets", "--format", "json"])
     presets = json.loads(result.output)
     assert {"local-coding", "datacenter", "interactive", "local-coding-cpu", "datacenter-cpu",
             "interactive-cpu"} <= set(presets)
-    rows = json.loads(runner.invoke(app, ["costmodel", "targets", "--json"]).output)
+    rows = json.loads(runner.invoke(app, ["costmodel", "targets", "--format", "json"]).output)
     measurable = {r["target"] for r in rows if r["measurable"]}
     assert "cpu-local/llama.cpp/q4_0" in measurable and "cpu-local/hf-eager/fp32" in measurable
     assert "h100-sxm/vllm/bf16" in {r["target"] for r in rows} - measurable

@@ -69,7 +69,7 @@ def test_corrupt_gguf_is_exit_2_and_leaves_nothing_behind(tmp_path, monkeypatch,
     bad = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     bad.write_bytes(b"GGUF" + os.urandom(4096))
     monkeypatch.setenv(teachers.GGUF_ENV, str(bad))
-    result = CliRunner().invoke(app, ["arch", "show", "smollm2-135m"])
+    result = CliRunner().invoke(app, ["arch", "show", "--model", "smollm2-135m"])
     assert result.exit_code != 0
     with pytest.raises(AutoCompressError) as err:
         resolve_model_dir("smollm2-135m")
@@ -178,7 +178,7 @@ def test_hub_id_offline_is_one_line_saying_why(tmp_path, monkeypatch):
     with pytest.raises(AutoCompressError) as err:
         resolve_model_dir("someorg/some-model")
     assert "HF_HUB_OFFLINE" in err.value.message and "\n" not in str(err.value)
-    result = CliRunner().invoke(app, ["arch", "show", "someorg/some-model"])
+    result = CliRunner().invoke(app, ["arch", "show", "--model", "someorg/some-model"])
     assert result.exit_code != 0
 
 
@@ -207,7 +207,7 @@ def test_hub_id_resolves_from_the_hub_cache_offline(tmp_path, monkeypatch):
 
 def test_teacher_list_shows_named_teachers_without_building(autocompress_home, monkeypatch):
     monkeypatch.delenv(teachers.GGUF_ENV, raising=False)
-    result = CliRunner().invoke(app, ["teacher", "list", "--json"])
+    result = CliRunner().invoke(app, ["teacher", "list", "--format", "json"])
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.output)}
     assert set(rows) == {"default", "smollm2-135m"}

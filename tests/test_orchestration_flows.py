@@ -325,7 +325,7 @@ def test_registry_lineage_through_an_mlflow_server(env, mlflow_server, monkeypat
     assert registered.tracking_uri == mlflow_server
 
     runner = CliRunner()
-    result = runner.invoke(app, ["lineage", "tiny-demo@1", "--json"])
+    result = runner.invoke(app, ["lineage", "--model", "tiny-demo@1", "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["lineage"]["teacher_sha256"] == report.outputs["teacher"].sha256
@@ -333,7 +333,7 @@ def test_registry_lineage_through_an_mlflow_server(env, mlflow_server, monkeypat
     assert [link["stage"] for link in data["chain"]] == ["teacher", "report", "late"]
     assert {link["status"] for link in data["chain"]} == {"ok"}
     assert data["lineage"]["scores"]["loss"] == report.outputs["report"].metrics["loss"]
-    pretty = runner.invoke(app, ["lineage", "tiny-demo"])
+    pretty = runner.invoke(app, ["lineage", "--model", "tiny-demo"])
     assert pretty.exit_code == 0 and "tiny-demo@1" in pretty.output
 
     # The registered version is a LoggedModel holding MLmodel + lineage.json.
@@ -349,7 +349,7 @@ def test_registry_lineage_through_an_mlflow_server(env, mlflow_server, monkeypat
     teacher_dir = report.outputs["teacher"].local_path()
     weights = next(teacher_dir.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")
-    bad = runner.invoke(app, ["lineage", "tiny-demo@1"])
+    bad = runner.invoke(app, ["lineage", "--model", "tiny-demo@1"])
     assert bad.exit_code == 1 and "mismatch" in bad.output
 
 

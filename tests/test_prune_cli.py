@@ -60,9 +60,9 @@ def _invoke(*args: str):
 
 
 def test_arch_show_table_and_json(workspace):
-    table = _invoke("arch", "show", workspace / "teacher").output
+    table = _invoke("arch", "show", "--model", workspace / "teacher").output
     assert "LlamaForCausalLM" in table and "KV heads total 6" in table
-    spec = ArchSpec.from_json(_invoke("arch", "show", workspace / "teacher", "--json").output)
+    spec = ArchSpec.from_json(_invoke("arch", "show", "--model", workspace / "teacher", "--format", "json").output)
     assert spec.num_layers == 3 and spec.layers[0].attention.num_kv_heads == 2
 
 
@@ -76,14 +76,14 @@ def test_importance_prune_export_chain(workspace):
         workspace / "corpus",
         "--out",
         imp_file,
-        "--seq-len",
-        32,
-        "--batch-size",
-        2,
-        "--batches",
-        3,
-        "--removal-batches",
-        1,
+        "--config",
+        "seq_len=32",
+        "--config",
+        "batch_size=2",
+        "--config",
+        "num_batches=3",
+        "--config",
+        "removal_batches=1",
     )
     imp = Importance.load(imp_file)
     assert imp.num_tokens == 3 * 2 * 32 and imp.base_loss > 0
@@ -107,7 +107,7 @@ def test_importance_prune_export_chain(workspace):
     out = workspace / "student"
     _invoke(
         "prune",
-        "--teacher",
+        "--model",
         workspace / "teacher",
         "--arch",
         arch,
@@ -125,7 +125,7 @@ def test_importance_prune_export_chain(workspace):
     )
     assert spec.layers[1].ffn is None and spec.hidden_size == 48
 
-    shown = _invoke("arch", "show", out).output
+    shown = _invoke("arch", "show", "--model", out).output
     assert "HeteroForCausalLM" in shown and "no-op" in shown
 
     # Hidden pruned to 48 (heads x head_dim stays 64): TensorRT-LLM would mis-read it.
@@ -146,7 +146,7 @@ def test_prune_computes_importance_or_uses_random_channels(workspace):
     ).to_json(arch)
     _invoke(
         "prune",
-        "--teacher",
+        "--model",
         workspace / "teacher",
         "--arch",
         arch,
@@ -157,11 +157,12 @@ def test_prune_computes_importance_or_uses_random_channels(workspace):
     )
     _invoke(
         "prune",
-        "--teacher",
+        "--model",
         workspace / "teacher",
         "--arch",
         arch,
-        "--random-channels",
+        "--config",
+        "random_channels=true",
         "--out",
         workspace / "random",
     )
@@ -178,7 +179,7 @@ def test_unsupported_model_exits_2_with_supported_list(tmp_path, monkeypatch, ca
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(
         tmp_path
     )
-    monkeypatch.setattr(sys, "argv", ["autocompress", "arch", "show", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["autocompress", "arch", "show", "--model", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     assert exit_info.value.code == 2
