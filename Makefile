@@ -52,11 +52,11 @@ test: venv browser
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: venv
-	$(VENV)/bin/ruff check autocompress tasks flows tests bench
+	$(VENV)/bin/ruff check autocompress tasks flows tests bench lab
 
 bench: venv
-	$(PY) bench/costmodel_validate.py
-	$(PY) bench/compare.py
+	$(PY) -m bench.costmodel_validate
+	$(PY) -m bench.compare
 
 clean:
 	rm -rf $(VENV) .autocompress

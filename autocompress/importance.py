@@ -25,7 +25,7 @@ Two criteria rank neurons, heads and hidden channels (``criterion``):
   summed over the calibration batches before the product (the loss change of the
   whole calibration set). The loss is next-token cross-entropy: on the teacher
   itself a distillation loss (KL to the teacher) is zero with a zero gradient.
-  ``bench/importance_criteria.py`` measures the two against each other.
+  ``lab/importance_criteria.py`` measures the two against each other.
 
 Depth scores are the same for both criteria. Sorting once gives nested prefix
 orders (``ffn_order``, ``head_order``, ...): the search decides *how many* to keep,
@@ -58,7 +58,7 @@ DEPTH_METRICS = ("cosine", "loss")
 CRITERIA = ("activation", "taylor")
 Criterion = Literal["activation", "taylor"]
 # The criterion the flows, the CLI and the search use unless told otherwise, chosen by
-# bench/importance_criteria.py (bundled teacher, whole held-out split, paired per window):
+# lab/importance_criteria.py (bundled teacher, whole held-out split, paired per window):
 # taylor − activation = −0.110 [−0.130, −0.090] nats (4 heads + FFN 384), +0.006
 # [−0.004, +0.016] (2 heads + FFN 192), −0.010 [−0.011, −0.009] (FFN 384 only).
 DEFAULT_CRITERION: Criterion = "taylor"

@@ -27,7 +27,7 @@ TTFT 13.8 / TPOT 3.45 ms where verify reported 12.5 / 2.93 ms. The report says s
 (``measurement.what``).
 
 Sessions. On a shared host the same model timed in two back-to-back sessions can
-differ by 5-18% while each session's own notch is ~1% (docs/measurement-history.md),
+differ by 5-18% while each session's own notch is ~1% (lab/measurement-history.md),
 so ``sessions`` > 1 times the model that many times, one full session each, and
 reports the median over sessions of every metric (memory: the first session's,
 it is exact) with each session's readings and their spread. The pass rule is

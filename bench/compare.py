@@ -16,8 +16,8 @@ turns the flows' outputs (with every model's per-item benchmark scores) into
 ``results/compare.json``, which ``autocompress bench report`` and ``readme-table``
 read (paired bootstrap intervals vs the baseline: ``autocompress.stats``).
 
-    .venv/bin/python bench/compare.py                 # every preset, budget, method, 3 seeds
-    .venv/bin/python bench/compare.py --presets interactive-cpu --budgets 0.4 --seeds 0 1 \
+    .venv/bin/python -m bench.compare                 # every preset, budget, method, 3 seeds
+    .venv/bin/python -m bench.compare --presets interactive-cpu --budgets 0.4 --seeds 0 1 \
         --distill-tokens 50000 --eval-limit 100 --search-steps 80   # a quick look
 """
 
@@ -57,7 +57,7 @@ def distill_tokens(args: argparse.Namespace, fraction: float) -> int:
 
 def stage_options(args: argparse.Namespace, seed: int, fraction: float) -> dict[str, dict]:
     """Per-stage settings of one compress run (``compress(options=...)``), checked."""
-    from autocompress.stage_options import check_options, parse_options
+    from autocompress.stage_config import check_options, parse_options
 
     tokens = distill_tokens(args, fraction)
     steps = max(1, -(-tokens // TOKENS_PER_STEP))
@@ -90,7 +90,7 @@ def earlier_cells(args: argparse.Namespace) -> dict[tuple[str, float], dict[str,
     (``bench report --json FILE:METHOD``)."""
     if not args.limits_from:
         return {}
-    from autocompress.report import cells_with_limits, load_compare
+    from bench.report import cells_with_limits, load_compare
 
     found = cells_with_limits(load_compare(args.limits_from), args.limits_from)
     missing = [f"{p} @ {f:g}" for p in args.presets for f in args.budgets
@@ -266,7 +266,7 @@ def selection_record(report: dict) -> list[dict]:
 
 
 def build_results(sweep_report, args: argparse.Namespace, wall_s: float) -> dict:
-    """``results/compare.json`` from the sweep (the fields ``autocompress.report`` reads).
+    """``results/compare.json`` from the sweep (the fields ``bench.report`` reads).
 
     ``runs[]``: one per preset × budget, each with ``methods.<name>.seeds[]`` (one entry
     per finished seed: architecture, measured cost, verify result, scores, per-item
@@ -334,7 +334,7 @@ def teacher_entry(point, method: dict) -> dict:
 
 def print_table(data: dict) -> None:
     """The report's table and verdict on the terminal (one implementation: ``report``)."""
-    from autocompress.report import analysis_text, readme_table
+    from bench.report import analysis_text, readme_table
 
     print(readme_table(data))
     print("\n".join(analysis_text(data)))
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
         # The sweep keeps a failed run's message only; the hint is check_same_host's.
         raise AutoCompressError(refused[0], hint=HOST_REFUSAL_HINT)
     if args.report:
-        from autocompress.report import write_report
+        from bench.report import write_report
 
         log(f"report: {write_report(data, out.parent)}")
     return data

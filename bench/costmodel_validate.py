@@ -19,7 +19,7 @@ absolute times and how far the reference's own speed moved between the fit and
 the validation. Run it alone. On 2 quiet cores the defaults take about 22
 minutes (7 to fit, 15 to validate); ``--absolute`` about 6.
 
-    .venv/bin/python bench/costmodel_validate.py [--n 30] [--probes 20] [--repeats 5]
+    .venv/bin/python -m bench.costmodel_validate [--n 30] [--probes 20] [--repeats 5]
         [--fit-repeats 3] [--threads 1] [--target cpu-local/hf-eager/fp32]
         [--out bench/results/costmodel_validate.json]
 

@@ -10,7 +10,7 @@ costs: how much of the teacher's TPOT / TTFT one factor buys in each engine.
 Where a fitted cost model of the engine's target exists (``costmodel fit``),
 its prediction of each architecture is scored too (MAPE per engine).
 
-    nice -n 10 .venv/bin/python bench/engines.py [--workload interactive-cpu]
+    nice -n 10 .venv/bin/python -m bench.engines [--workload interactive-cpu]
         [--repeats 5] [--json bench/results/engines.json] [--plot bench/results/engines.png]
 """
 

@@ -8,7 +8,7 @@ seen by the flow minus the body's own time: that is Prefect's task machinery +
 MLflow's nested run + artifact logging. The first flow call also pays for
 starting Prefect's temporary server; it is reported separately.
 
-    .venv/bin/python bench/orchestration_overhead.py --stages 6 --repeats 3
+    .venv/bin/python -m bench.orchestration_overhead --stages 6 --repeats 3
 
 Run it on a quiet machine: on a loaded one the numbers measure the load.
 """

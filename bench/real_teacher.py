@@ -3,9 +3,10 @@
 Three parts, each adding its section to ``--out`` (JSON) and printing a table:
 
 - ``scores``: the local suite on SmolLM2 and on the bundled default teacher, on the
-  same items (``--limit`` per task), with standard errors. Also records SmolLM2's
-  scores in ``autocompress/assets/named-teachers.json`` (``autocompress teacher
-  list`` and the built model card show them).
+  same items (``--limit`` per task), with standard errors. Also writes SmolLM2's
+  entry for ``autocompress/assets/named-teachers.json`` (``autocompress teacher list``
+  and the built model card show them) to ``bench/results/named-teachers.json``; the
+  package's copy is a static file, updated by copying that one over it in a commit.
 - ``cache``: distillation speed of one SmolLM2 student, tokens/s with the teacher
   run live and with its cached top-k outputs (plus the one-off cost of building
   them), and the bf16-vs-fp32 timing that picked the precision.
@@ -18,8 +19,8 @@ Three parts, each adding its section to ``--out`` (JSON) and printing a table:
   read back from MLflow (wall time per stage, search time, distillation tokens and
   time, scores before/after distillation, the share of the loss recovered).
 
-    flock /tmp/measure.lock nice -n 5 python bench/real_teacher.py run
-    nice -n 10 python bench/real_teacher.py scores cache --limit 100
+    flock /tmp/measure.lock nice -n 5 python -m bench.real_teacher run
+    nice -n 10 python -m bench.real_teacher scores cache --limit 100
 
 Timings on a shared host move with its load: every section records ``uptime``.
 """
@@ -43,6 +44,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TEACHER = "smollm2-135m"
 RESULTS = Path(__file__).resolve().parent / "results" / "real_teacher.json"
+NAMED_SCORES = RESULTS.with_name("named-teachers.json")  # the asset's next version
 
 
 def _load() -> str:
@@ -90,6 +92,9 @@ def part_scores(args) -> dict[str, Any]:
 
 
 def _record_named_scores(row: dict[str, Any], limit: int | None) -> None:
+    """The asset's content with this run's SmolLM2 entry, written beside the results: the
+    package's ``assets/`` is never written at run time (an installed package may be
+    read-only, and a measurement should land in the asset only through a commit)."""
     from autocompress.teachers import SCORES_FILE, recorded_scores, smollm2_gguf
     from autocompress.teachers import file_sha256 as sha
 
@@ -103,7 +108,8 @@ def _record_named_scores(row: dict[str, Any], limit: int | None) -> None:
         "measured": f"bench/real_teacher.py, {time.strftime('%Y-%m-%d')}, "
                     f"{'all' if limit is None else limit} items per task",
     }
-    SCORES_FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    NAMED_SCORES.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {NAMED_SCORES}; copy it over {SCORES_FILE} to publish these scores")
 
 
 # ------------------------------------------------------------------ cache

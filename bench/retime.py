@@ -19,8 +19,8 @@ pairs the two methods item by item under one limit, measured on one machine.
 A random-weight model of each architecture is timed (the search and the baseline time
 their candidates the same way): the engine's cost does not depend on the weights' values.
 
-    .venv/bin/python bench/retime.py --json results/compare_smollm2_llamacpp_50.json \
-        --methods autocompress --limits-from NEW.json --out results/OLD_retimed.json
+    .venv/bin/python -m bench.retime --json EARLIER.json --methods autocompress \
+        --limits-from NEW.json --out EARLIER_retimed.json
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     from autocompress.costmodel.target import Target
     from autocompress.hardware import machine_summary
     from autocompress.model_source import resolve_model_dir
-    from autocompress.report import cells_with_limits, load_compare
+    from bench.report import cells_with_limits, load_compare
 
     args = build_parser(prog).parse_args(argv)
     inputs = [Path(p).resolve() for p in (args.json, args.limits_from) if p]

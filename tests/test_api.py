@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autocompress.modeling.tiny import tiny_model
-from autocompress.report import between_markers
+from bench.report import between_markers
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

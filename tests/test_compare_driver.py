@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from autocompress import report
 from autocompress.artifacts import Store
+from bench import report
 
 
 @pytest.fixture(scope="module")

@@ -497,7 +497,7 @@ def test_readme_table_is_the_generated_one():
     from pathlib import Path
 
     from autocompress.engine_rules import table_markdown
-    from autocompress.report import between_markers
+    from bench.report import between_markers
 
     table = between_markers((Path(__file__).parent.parent / "README.md").read_text(),
                             "engine-rules")

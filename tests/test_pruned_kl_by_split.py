@@ -1,4 +1,4 @@
-"""bench/pruned_kl_by_split.py and bench/block_local_probe.py: a recorded short list's KL right
+"""lab/pruned_kl_by_split.py and lab/block_local_probe.py: a recorded short list's KL right
 after pruning on each corpus split, and after block-local distillation."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ SPACE = SpaceConfig(granularity=16, ffn_fractions=[1.0, 0.5], head_fractions=[1.
 
 @pytest.fixture(scope="module")
 def pk():
-    from autocompress.commands.bench import _bench_module
+    from lab import pruned_kl_by_split
 
-    return _bench_module("pruned_kl_by_split")
+    return pruned_kl_by_split
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +101,9 @@ def test_a_report_without_choices_is_refused(pk, setup, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def blp():
-    from autocompress.commands.bench import _bench_module
+    from lab import block_local_probe
 
-    return _bench_module("block_local_probe")
+    return block_local_probe
 
 
 def test_block_local_training_lowers_the_kl_of_partial_blocks_only(blp, setup):

@@ -1,4 +1,4 @@
-"""bench/recovery_predictors.py: what ranks short-listed candidates before training."""
+"""lab/recovery_predictors.py: what ranks short-listed candidates before training."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 @pytest.fixture(scope="module")
 def rp():
-    from autocompress.commands.bench import _bench_module
+    from lab import recovery_predictors
 
-    return _bench_module("recovery_predictors")
+    return recovery_predictors
 
 
 def _comparison(path, searches, teacher_params=7_082_240):

@@ -12,8 +12,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from autocompress import report
 from autocompress.errors import AutoCompressError
+from bench import report
 
 
 def _arch(hidden: int, heads: list[int], kv: list[int], ffn: list[int]) -> dict:

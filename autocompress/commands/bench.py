@@ -1,14 +1,23 @@
-"""CLI for the results area: `autocompress bench compare | retime | report | readme-table`."""
+"""CLI for the results area: `autocompress bench compare | retime | report | readme-table`.
+
+The code behind these commands is the checkout's `bench/` package (the benchmarks and the
+report code), which ships with the repository, not with the installed library: each command
+imports it when it runs, so `import autocompress` never needs it.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 
 import typer
 
+from autocompress.errors import AutoCompressError
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_JSON = REPO / "results" / "compare.json"
+DEFAULT_INDEX = REPO / "results" / "index.json"
 
 
 def register(app: typer.Typer) -> None:
@@ -27,22 +36,25 @@ def register(app: typer.Typer) -> None:
     app.add_typer(bench, name="bench")
 
 
+def _bench_module(name: str):
+    """The module ``bench.NAME`` of this source checkout.
+
+    Imported here, not at the top: the library must import without the checkout's
+    ``bench/`` (an installed wheel has none), and only these commands need it.
+    """
+    if not (REPO / "bench" / "__init__.py").exists():
+        raise AutoCompressError(f"{REPO / 'bench'} not found: `bench` commands run from a "
+                                "source checkout", hint="clone the repository and install it "
+                                "editable (pip install -e .)")
+    # The checkout's root holds `bench/` beside `autocompress/`; the editable install
+    # puts only the packaged folders on the path.
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+    return importlib.import_module(f"bench.{name}")
+
+
 def _compare_module():
     return _bench_module("compare")
-
-
-def _bench_module(name: str):
-    """``bench/NAME.py`` of this source checkout (the benchmarks are not packaged)."""
-    from autocompress.errors import AutoCompressError
-
-    path = REPO / "bench" / f"{name}.py"
-    if not path.exists():
-        raise AutoCompressError(f"{path} not found: `bench {name}` runs from a source checkout",
-                                hint="clone the repository and install it editable")
-    spec = importlib.util.spec_from_file_location(f"autocompress_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def compare_command(ctx: typer.Context) -> None:
@@ -66,9 +78,8 @@ def retime_command(ctx: typer.Context) -> None:
 
 
 def _load(json_paths: list[Path]) -> dict:
-    from autocompress.report import load_compare, merge_compares
-
-    return merge_compares([load_compare(p) for p in json_paths])
+    report = _bench_module("report")
+    return report.merge_compares([report.load_compare(p) for p in json_paths])
 
 
 def report_command(
@@ -89,41 +100,59 @@ def report_command(
                                  "repair."),
 ) -> None:
     """Write report.md and the plots from a compare.json."""
-    from autocompress.report import load_compare, with_baseline, write_report
-
+    report = _bench_module("report")
     extra = []
     for path in also:
-        data = load_compare(path)
+        data = report.load_compare(path)
         kind = "Reduced comparison" if data.get("reduced") else "Comparison"
         extra.append((f"{kind}: `{path.name}` ({data.get('created', '?')})", data))
     data = _load(json_paths)
     if baseline:
-        data = with_baseline(data, baseline)
-    path = write_report(data, out_dir or json_paths[0].parent, also=extra)
+        data = report.with_baseline(data, baseline)
+    path = report.write_report(data, out_dir or json_paths[0].parent, also=extra)
     typer.echo(f"wrote {path}")
 
 
 def readme_table_command(
-    json_paths: list[Path] = typer.Option([DEFAULT_JSON], "--json", help="compare.json to "
-                                          "read; repeatable, as for `bench report`."),
+    json_paths: list[Path] = typer.Option([], "--json", help="compare.json to read; "
+                                          "repeatable, as for `bench report`. Without it, "
+                                          "every block in results/index.json is regenerated."),
     readme: Path = typer.Option(REPO / "README.md", "--readme",
-                                help="README whose <!-- BLOCK:start/end --> block to replace."),
-    block: str = typer.Option("results", "--block", help="Name of the README block: "
-                              "`results` (the bundled teacher's table) or another, e.g. "
-                              "`results-smollm2`, for a comparison of another teacher or "
-                              "target (those are not merged into one table)."),
+                                help="With --json: the Markdown file whose block to replace."),
+    block: str = typer.Option("results", "--block", help="With --json: the name of the "
+                              "block (`<!-- BLOCK:start/end -->`), e.g. `results-smollm2`."),
+    index: Path = typer.Option(DEFAULT_INDEX, "--index", help="Without --json: the results "
+                               "index naming each block's files and pages."),
+    root: Path = typer.Option(None, "--root", help="Without --json: the folder the index's "
+                              "pages (README.md, docs/...) are under (default: the index's "
+                              "repository)."),
 ) -> None:
-    """Regenerate a README results table from results/compare.json.
+    """Regenerate the README's results tables from the results index (results/index.json).
 
-    Replaces only the text between `<!-- BLOCK:start -->` and `<!-- BLOCK:end -->`;
-    if the README or the markers are missing, prints the table instead.
+    Each block's table is rebuilt from the files the index lists for it and replaces the
+    text between `<!-- BLOCK:start -->` and `<!-- BLOCK:end -->` in every page of the
+    index that has those markers. With --json, one table from the given files instead,
+    into --readme's --block (printed if the markers are missing).
     """
-    from autocompress.report import markers, readme_table, update_readme
-
+    if not json_paths:
+        _readme_tables_from_index(index, root)
+        return
+    report = _bench_module("report")
     data = _load(json_paths)
-    if readme.exists() and update_readme(readme, data, block):
+    if readme.exists() and report.update_readme(readme, data, block):
         typer.echo(f"updated the {block} table in {readme}")
     else:
-        typer.echo(readme_table(data))
-        typer.echo(f"({readme} has no {' / '.join(markers(block))} markers; printed the "
+        typer.echo(report.readme_table(data))
+        typer.echo(f"({readme} has no {' / '.join(report.markers(block))} markers; printed the "
                    "table instead)", err=True)
+
+
+def _readme_tables_from_index(index: Path, root: Path | None) -> None:
+    results_index = _bench_module("results_index")
+    updated = results_index.regenerate(index, root)
+    for page, block in updated:
+        typer.echo(f"updated the {block} table in {page}")
+    missing = results_index.blocks_without_page(index, root)
+    if missing:
+        typer.echo(f"(no page has the markers of {', '.join(missing)}; not shown anywhere)",
+                   err=True)

@@ -45,7 +45,7 @@ the reference's are kept in ``Measurement.paired``. The reference is the
 teacher's architecture with random weights (speed does not depend on the
 values); the cost model records it so that ``verify`` and the search's measured
 check time against the same one. The measurements behind these choices are in
-docs/measurement-history.md.
+lab/measurement-history.md.
 """
 
 from __future__ import annotations
@@ -419,7 +419,7 @@ def measure_memory(model: torch.nn.Module, workload: Workload, seed: int = 0):
 # end of one and unmapped as soon as it returns. A decode step of a small model is mostly
 # Python calls: where the stack leaves them straddling a chunk's end, every step maps,
 # faults in and unmaps chunks, and the same model reads up to 2.2x slower depending only
-# on how deep its caller's stack is (bench/timing_stack_depth.py). So each model is timed
+# on how deep its caller's stack is (lab/timing_stack_depth.py). So each model is timed
 # under the padding of frames at which a short trial run of it faults least: its calls
 # then sit inside one chunk, wherever the harness is called from (the cost-model fit, the
 # search, ``verify``). Not on a fresh thread: a second OpenMP team on a small machine

@@ -11,10 +11,10 @@ preset's main metric. Then:
    distillation (``evaluation.heldout_loss``: fixed held-out windows).
 
 Importance is computed once (forward passes on the calibration split) and shared.
-Prints a table and writes ``bench/results/search_presets.json`` plus each preset's
-arch JSONs, reports and trajectory plots under ``bench/results/search_presets/``.
+Prints a table and writes ``lab/results/search_presets.json`` plus each preset's
+arch JSONs, reports and trajectory plots under ``lab/results/search_presets/``.
 
-    .venv/bin/python bench/search_presets.py [--teacher default] [--fraction 0.5]
+    .venv/bin/python -m lab.search_presets [--teacher default] [--fraction 0.5]
         [--steps 240] [--threads 1] [--eval-batches 16]
 """
 

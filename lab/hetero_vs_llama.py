@@ -5,8 +5,8 @@ within 5% of LlamaForCausalLM). Both models get identical weights (``to_hetero``
 runs are interleaved (A B A B ...) so drifts on a shared machine hit both, and
 the median per-token decode latency with its interquartile range is reported.
 
-    .venv/bin/python bench/hetero_vs_llama.py [--device cpu|cuda] [--repeats 7]
-        [--json bench/results/hetero_vs_llama.json]
+    .venv/bin/python -m lab.hetero_vs_llama [--device cpu|cuda] [--repeats 7]
+        [--json lab/results/hetero_vs_llama.json]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES))
-    parser.add_argument("--json", type=Path, default=Path("bench/results/hetero_vs_llama.json"))
+    parser.add_argument("--json", type=Path, default=Path("lab/results/hetero_vs_llama.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ distillation:
 - ``attention_blocks``: attention blocks kept (fewer ranked better: on SmolLM2 the
   teacher's side removes more and recovers better). Recorded since 2026-12-05;
   derived from the choices in search reports (``arch.search.json``, which this
-  also reads: ``results/diagnostics/``);
+  also reads: ``lab/results/diagnostics/``);
 - ``fitted_params``, ``fitted_attention``: ``a·pruned_kl + b·log(params)`` and
   ``a·pruned_kl + b·attention_blocks``, the two fitted by least squares within the
   *other* searches of the same teacher (each search's mean removed; leave one
@@ -35,8 +35,8 @@ teacher's searches are printed with bootstrap intervals over searches. Searches
 are grouped by teacher (by its parameter count); a short list recorded in two
 files (a re-timed copy) counts once.
 
-    .venv/bin/python bench/recovery_predictors.py            # every results/*.json
-    .venv/bin/python bench/recovery_predictors.py --methods autocompress greedy
+    .venv/bin/python -m lab.recovery_predictors            # every recorded short list
+    .venv/bin/python -m lab.recovery_predictors --methods autocompress greedy
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from autocompress.report import short_list_side
 from autocompress.stats import spearman
+from bench.report import short_list_side
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHERS = {7_082_240: "bundled 7M", 134_515_008: "SmolLM2-135M"}
@@ -270,18 +270,26 @@ def print_table(groups: dict[str, Any]) -> None:
                   f"{result['rows']} candidates)")
 
 
+def default_inputs() -> list[Path]:
+    """Every recorded short list: the published comparisons (results/), the superseded runs
+    beside them (lab/results/) and the search reports of the diagnostics."""
+    return (sorted((ROOT / "results").glob("*.json"))
+            + sorted((ROOT / "lab/results").glob("compare_*.json"))
+            + sorted((ROOT / "lab/results/diagnostics").glob("*.search.json")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, nargs="*", default=None,
                         help="comparison JSONs or search reports to read (default: every "
-                        "results/*.json and results/diagnostics/*.search.json)")
+                        "results/*.json, lab/results/compare_*.json and "
+                        "lab/results/diagnostics/*.search.json)")
     parser.add_argument("--methods", nargs="*", default=None,
                         help="only these methods' short lists (e.g. autocompress greedy)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/recovery_predictors.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "lab/results/recovery_predictors.json")
     args = parser.parse_args(argv)
-    paths = args.json if args.json else sorted((ROOT / "results").glob("*.json")) + sorted(
-        (ROOT / "results/diagnostics").glob("*.search.json"))
+    paths = args.json or default_inputs()
     entries = [e for e in short_lists(paths) if not args.methods or e["method"] in args.methods]
     if not entries:
         parser.error("no short list with distilled candidates in the given JSONs")

@@ -13,8 +13,8 @@ batch 8, seed 0 + 7919) and loss on the first 64 held-out windows (seq 256).
 
 Run (2 shared cores, 1 thread; ~35 min under load):
 
-    python bench/pick_distillation.py --compare results/compare_reduced.json \
-        --importance <the run's importance.safetensors> --out bench/results/pick_distillation.json
+    python -m lab.pick_distillation --compare results/compare_reduced.json \
+        --importance <the run's importance.safetensors> --out lab/results/pick_distillation.json
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ split before any retraining. Each held-out window is one item: the difference of
 the two pruned models is paired per window, with a bootstrap 95% interval
 (``autocompress.stats``) and the closed-form s.e. of the mean paired difference.
 
-    .venv/bin/python bench/importance_criteria.py [--teacher default] \
-        [--json bench/results/importance_criteria.json]
+    .venv/bin/python -m lab.importance_criteria [--teacher default] \
+        [--json lab/results/importance_criteria.json]
 
 The calibration data is the flows' default (``importance.CalibrationConfig()``:
 16 batches of 8 × 256 tokens of the calibration split) for both criteria.
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--max-windows", type=int, default=None,
                         help="Held-out windows to score (default: the whole split).")
     parser.add_argument("--json", type=Path,
-                        default=Path("bench/results/importance_criteria.json"))
+                        default=Path("lab/results/importance_criteria.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

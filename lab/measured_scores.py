@@ -9,8 +9,8 @@ stream entering ``j`` (``discretize.block_change_kl``) instead of from the embed
 teacher's jobs, interleaved job by job (the machine is shared: a drift hits both),
 several repeats, and checks the two give the same scores.
 
-    .venv/bin/python bench/measured_scores.py --teacher smollm2-135m --jobs 12 --repeats 3
-    .venv/bin/python bench/measured_scores.py            # the bundled teacher
+    .venv/bin/python -m lab.measured_scores --teacher smollm2-135m --jobs 12 --repeats 3
+    .venv/bin/python -m lab.measured_scores            # the bundled teacher
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batches", type=int, default=2,
                         help="Calibration batches scored per job (2 × 128 tokens each).")
-    parser.add_argument("--json", type=Path, default=Path("bench/results/measured_scores.json"))
+    parser.add_argument("--json", type=Path, default=Path("lab/results/measured_scores.json"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

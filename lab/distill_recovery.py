@@ -10,8 +10,8 @@ with the verification harness, and prints + writes:
 
 Run (2 CPU cores; ~15-30 min at the default budget):
 
-    .venv/bin/python bench/distill_recovery.py --tokens 1000000 \
-        --out bench/results/distill_recovery.json
+    .venv/bin/python -m lab.distill_recovery --tokens 1000000 \
+        --out lab/results/distill_recovery.json
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("results/tmp/distill_recovery"))
-    parser.add_argument("--out", type=Path, default=Path("bench/results/distill_recovery.json"))
+    parser.add_argument("--out", type=Path, default=Path("lab/results/distill_recovery.json"))
     args = parser.parse_args()
     args.eval_limit = args.eval_limit or None
     torch.set_num_threads(args.threads)

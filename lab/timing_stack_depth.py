@@ -17,7 +17,7 @@ the first (the chunks being mapped), the seconds the harness spends choosing its
 ``measure_model`` call, and the spread of each over all depths; the JSON keeps every
 reading. Neighbouring rows are seconds apart, so compare within a row.
 
-    python bench/timing_stack_depth.py --json bench/results/timing_stack_depth.json
+    python -m lab.timing_stack_depth --json lab/results/timing_stack_depth.json
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar=("FIRST", "LAST", "STEP"), help="Caller stack depths (frames).")
     p.add_argument("--repeats", type=int, default=3, help="Timed runs per depth and way.")
     p.add_argument("--threads", type=int, default=2, help="torch threads.")
-    p.add_argument("--json", default="bench/results/timing_stack_depth.json")
+    p.add_argument("--json", default="lab/results/timing_stack_depth.json")
     return p
 
 

@@ -5,7 +5,7 @@ small *calibration* split; the distillation reads *train*, the benchmarks
 *held-out*. If the search's candidates owed their low KL right after pruning to
 that split, they would lose the advantage on the others, and that would explain
 why they recover worse than their ``pruned_kl`` says
-(``bench/recovery_predictors.py``). For every candidate of a search report's short
+(``lab/recovery_predictors.py``). For every candidate of a search report's short
 list (``arch.search.json``: its ``selection`` rows with their ``choice``), this cuts
 the candidate from the teacher and measures KL(teacher ‖ candidate) on the first
 windows of the search's score stream (the calibration split, seed ``7919 + seed``:
@@ -13,11 +13,11 @@ with ``--windows`` = score batches × batch size they are exactly the short list
 score batches, so the first column reproduces the report's ``pruned_kl``) and on as
 many windows of the held-out and train splits.
 
-    .venv/bin/python bench/pruned_kl_by_split.py \\
-        --report results/diagnostics/smollm2_50_seed0_fixed_hidden.search.json \\
+    .venv/bin/python -m lab.pruned_kl_by_split \\
+        --report lab/results/diagnostics/smollm2_50_seed0_fixed_hidden.search.json \\
         --teacher $AUTOCOMPRESS_HOME/artifacts/teacher/<id>/teacher \\
         --importance $AUTOCOMPRESS_HOME/artifacts/importance/<id>/importance.safetensors \\
-        --corpus $AUTOCOMPRESS_HOME/corpus --out bench/results/pruned_kl_by_split.json
+        --corpus $AUTOCOMPRESS_HOME/corpus --out lab/results/pruned_kl_by_split.json
 
 Rows already in ``--out`` (same report and windows) are kept and not measured
 again, so an interrupted run resumes. One thread by default (it runs beside

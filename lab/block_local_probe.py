@@ -2,7 +2,7 @@
 
 On SmolLM2 the search's own candidates have a lower KL right after pruning than
 the teacher side's and end worse after the short distillation
-(``bench/recovery_predictors.py``). Puzzle (Bercovich et al., 2024) scores each
+(``lab/recovery_predictors.py``). Puzzle (Bercovich et al., 2024) scores each
 block variant only after *block-local distillation* (BLD): the pruned block is
 trained to reproduce the teacher block's output from the teacher's own input, so a
 variant is judged by what it can recover, not by its damage untrained. This probe
@@ -17,10 +17,10 @@ KL matches their rank after the short distillation, BLD would be the search's
 objective to build (the block scores measured after BLD); where it does not, the
 recovery the distillation finds is not block-local.
 
-    .venv/bin/python bench/block_local_probe.py \\
-        --report results/diagnostics/smollm2_50_seed0_fixed_hidden.search.json \\
+    .venv/bin/python -m lab.block_local_probe \\
+        --report lab/results/diagnostics/smollm2_50_seed0_fixed_hidden.search.json \\
         --teacher DIR --importance FILE --corpus DIR --steps 40 --lr 3e-4 \\
-        --out bench/results/block_local_probe.json
+        --out lab/results/block_local_probe.json
 
 The teacher and the candidates must share the teacher's hidden size (the search's
 ``dnas.search_hidden=False`` reports, or any whose candidates kept it).
@@ -34,9 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared short-list loader
-
-from pruned_kl_by_split import (  # noqa: E402
+from lab.pruned_kl_by_split import (
     BATCH,
     load_short_list,
     read_report,
@@ -206,8 +204,8 @@ def probe(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[str, An
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per side of the short list, the mean KL gained by block-local training; and how each KL
     ranks the candidates against the short distillation (Spearman)."""
-    from autocompress.report import short_list_side
     from autocompress.stats import spearman
+    from bench.report import short_list_side
 
     short = [r["short_distill_kl"] for r in rows]
     out: dict[str, Any] = {

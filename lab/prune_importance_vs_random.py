@@ -4,8 +4,8 @@ Issue 3 "must show": on the default teacher, importance-guided pruning gives a
 lower held-out loss than keeping random channels/heads/neurons. No distillation
 is run: this measures how much of the teacher each choice of channels keeps.
 
-    .venv/bin/python bench/prune_importance_vs_random.py --teacher default \
-        [--arch ARCH.json] [--random-seeds 5] [--json bench/results/prune_importance_vs_random.json]
+    .venv/bin/python -m lab.prune_importance_vs_random --teacher default \
+        [--arch ARCH.json] [--random-seeds 5] [--json lab/results/prune_importance_vs_random.json]
 
 Without --arch the target keeps every layer and KV group, 75% of the hidden
 channels, half the query heads per group (if a group has more than one) and
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
-        "--json", type=Path, default=Path("bench/results/prune_importance_vs_random.json")
+        "--json", type=Path, default=Path("lab/results/prune_importance_vs_random.json")
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

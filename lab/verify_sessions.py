@@ -1,14 +1,14 @@
 """How steady is `verify`? One timing session against several pooled, on one model.
 
 On a shared host the same model can read 5-18% apart in back-to-back timing sessions
-while each session reports ~1% noise (docs/measurement-history.md). This benchmark
+while each session reports ~1% noise (lab/measurement-history.md). This benchmark
 verifies one model again and again, alternating ``--singles`` single-session verifies
 with a ``--sessions``-session pooled one, and prints every reading, its spread and how
 often each kind passes the limit. Same harness as the flows' verify stage.
 
-    python bench/verify_sessions.py --model <distilled model dir> \
+    python -m lab.verify_sessions --model <distilled model dir> \
         --workload datacenter-cpu --max-tpot-ms 4.02 \
-        --cost-model <the run's costmodel.json> --json bench/results/verify_sessions.json
+        --cost-model <the run's costmodel.json> --json lab/results/verify_sessions.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--singles", type=int, default=3, help="Single-session verifies per round.")
     p.add_argument("--sessions", type=int, default=3, help="Sessions in a pooled verify.")
     p.add_argument("--repeats", type=int, default=9, help="Timed repeats per session.")
-    p.add_argument("--json", default="bench/results/verify_sessions.json")
+    p.add_argument("--json", default="lab/results/verify_sessions.json")
     return p
 
 
