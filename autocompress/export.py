@@ -326,9 +326,9 @@ def export_nemotron_nas(
     from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of, load_causal_lm
 
-    out_dir = check_out_dir(out_dir, overwrite)
     model_dir = resolve_model_dir(model_dir)  # a named teacher's files (tokenizer) too
     check_not_input(out_dir, model_dir)  # --out M --overwrite would delete the model read
+    out_dir = check_out_dir(out_dir, overwrite)
     model, _ = load_causal_lm(model_dir, with_tokenizer=False)
     facts = ModelFacts.of(model, model_dir)
     plan = plan_for(facts, engines)
