@@ -202,7 +202,11 @@ class SpecTimer:
     one of two timings about as often as not, and one such miss sends the search's whole
     short list back to be re-aimed lower. (It does not remove a systematic offset: the
     search's picks at interactive-cpu @ 60% still read 6-7% over ``verify`` in every
-    seed with it.)"""
+    seed with it.)
+
+    ``recheck(spec, meets)`` is ``confirm`` for a reading within noise of a budget, after a
+    bounded wait for a quiet window where the machine is busy. Every timing records the
+    machine's load and the reading's noise; ``summary`` reports them."""
 
     def __init__(self, measure: Callable[[ArchSpec], Reading], drift: float = 0.0,
                  busy: BusyMachine | None = None, load: Callable[[], float] | None = None,
@@ -320,7 +324,7 @@ def _busy_warning(summary: dict[str, Any]) -> str:
     how = ("timed paired: acted on each ratio to the reference times the reference's quiet "
            f"time (absolute timings spread {spread:.0%})" if spread is not None
            else "timed unpaired")
-    done = "; ".join([how, *summary["actions"]])
+    done = "; ".join(dict.fromkeys([how, *summary["actions"]]))  # each action once
     return (f"machine busy while timing on the target: load average "
             f"{summary['load_average']:.1f} on {summary['cores']} cores, noise {noise}; "
             f"{done}")
