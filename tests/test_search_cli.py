@@ -33,15 +33,18 @@ def _invoke(args):
     return result
 
 
-FAST = ["--steps", "4", "--batch-size", "2", "--seq-len", "16", "--granularity", "8"]
+FAST = ["--config", "dnas.steps=4", "--config", "dnas.batch_size=2", "--config", "dnas.seq_len=16",
+        "--config", "space.granularity=8"]
 
 
 def test_search_cli_writes_an_arch_meeting_the_limit(teacher_dir, tiny_corpus, tmp_path):
     out = tmp_path / "arch.json"
-    result = _invoke(["search", "--teacher", str(teacher_dir), "--target", TARGET,
+    settings = tmp_path / "search.yaml"  # a settings file, with entries after it
+    settings.write_text("score: probability\nselection: {top_k: 3}\n")
+    result = _invoke(["search", "--model", str(teacher_dir), "--target", TARGET,
                       "--workload", "interactive", "--budget-fraction", "0.9",
-                      "--data", str(tiny_corpus), "--out", str(out), *FAST,
-                      "--score", "probability", "--top-k", "3", "--distill-tokens", "256"])
+                      "--data", str(tiny_corpus), "--out", str(out), "--config", str(settings),
+                      *FAST, "--config", "minitron.distill_tokens=256"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "arch.search.json").read_text())
     short = report["selection"]  # the final pick: short-distilled, lowest KL wins
@@ -57,8 +60,8 @@ def test_search_cli_writes_an_arch_meeting_the_limit(teacher_dir, tiny_corpus, t
 
 
 def test_unreachable_limit_is_a_one_line_error(teacher_dir, tiny_corpus, tmp_path):
-    result = runner.invoke(app, ["search", "--teacher", str(teacher_dir), "--target", TARGET,
-                                 "--workload", "interactive", "--max-tpot-ms", "0.000001",
+    result = runner.invoke(app, ["search", "--model", str(teacher_dir), "--target", TARGET,
+                                 "--workload", "interactive", "--limit", "tpot=0.000001",
                                  "--data", str(tiny_corpus), "--out", str(tmp_path / "a.json"),
                                  *FAST])
     assert result.exit_code != 0
@@ -69,18 +72,20 @@ def test_unreachable_limit_is_a_one_line_error(teacher_dir, tiny_corpus, tmp_pat
 
 def test_baseline_cli_params_and_matched(teacher_dir, tiny_corpus, tmp_path):
     out = tmp_path / "params.json"
-    result = _invoke(["baseline", "minitron", "--teacher", str(teacher_dir), "--params", "60k",
-                      "--data", str(tiny_corpus), "--out", str(out), "--granularity", "8",
-                      "--top-k", "2", "--distill-tokens", "512"])
+    result = _invoke(["baseline", "minitron", "--model", str(teacher_dir), "--params", "60k",
+                      "--data", str(tiny_corpus), "--out", str(out), "--config",
+                      "space.granularity=8", "--config", "minitron.top_k=2", "--config",
+                      "minitron.distill_tokens=512"])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "params.search.json").read_text())
     assert report["params"] <= 60_000 and report["mode"] == "params"
     assert len(report["scored"]) == 2 and all(c["score"] > 0 for c in report["scored"])
     out = tmp_path / "matched.json"
-    result = _invoke(["baseline", "minitron", "--teacher", str(teacher_dir),
+    result = _invoke(["baseline", "minitron", "--model", str(teacher_dir),
                       "--match-target", TARGET, "--workload", "interactive",
                       "--budget-fraction", "0.9", "--data", str(tiny_corpus), "--out", str(out),
-                      "--granularity", "8", "--distill-tokens", "0"])
+                      "--config", '{"space": {"granularity": 8},'
+                      ' "minitron": {"distill_tokens": 0}}'])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "matched.search.json").read_text())
     assert report["meets_limits"] and report["mode"] == "matched"
