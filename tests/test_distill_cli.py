@@ -57,15 +57,16 @@ def _env(monkeypatch, tmp_path):
 
 
 def _args(pair, out: Path, *extra: str) -> list[str]:
-    return ["distill", "--teacher", str(pair["teacher"]), "--student", str(pair["student"]),
+    return ["distill", "--teacher", str(pair["teacher"]), "--model", str(pair["student"]),
             "--tokens", str(4 * 32 * 6), "--out", str(out), "--data", str(pair["corpus"]),
-            "--seq-len", "32", "--batch-size", "4", "--eval-batches", "1",
-            "--ckpt-every", "2", "--warmup-steps", "1", "--no-bf16", *extra]
+            "--config", "{seq_len: 32, batch_size: 4, eval_batches: 1, ckpt_every: 2}",
+            "--config", "warmup_steps=1", "--config", "bf16=false", *extra]
 
 
 def test_cli_distills_and_writes_a_complete_model_dir(pair, tmp_path):
     out = tmp_path / "distilled"
-    result = CliRunner().invoke(app, _args(pair, out, "--alpha", "0.5", "--layer-map", "1:1,2:2"))
+    result = CliRunner().invoke(app, _args(pair, out, "--config", "alpha=0.5",
+                                            "--config", "layer_map={1: 1, 2: 2}"))
     assert result.exit_code == 0, result.output
     record = json.loads((out / "distill.json").read_text())
     assert record["steps"] == 6 and len(record["history"]) == 6
@@ -78,6 +79,6 @@ def test_cli_distills_and_writes_a_complete_model_dir(pair, tmp_path):
 
 
 def test_cli_rejects_a_malformed_layer_map(pair, tmp_path):
-    result = CliRunner().invoke(app, _args(pair, tmp_path / "x", "--layer-map", "1-2"))
+    result = CliRunner().invoke(app, _args(pair, tmp_path / "x", "--config", "layer_map=1-2"))
     assert result.exit_code != 0
-    assert "layer-map" in str(result.exception) or "layer-map" in result.output
+    assert "layer_map" in str(result.exception) or "layer_map" in result.output
