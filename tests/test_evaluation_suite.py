@@ -211,8 +211,9 @@ def test_cli_eval_writes_json_and_prints_table(setup, tmp_path, monkeypatch):
     out = tmp_path / "eval.json"
     runner = CliRunner()
     res = runner.invoke(app, ["eval", "--model", str(model_dir), "--json", str(out),
-                              "--corpus", str(setup["corpus"]), "--num-items", "16",
-                              "--limit", "8", "--seq-len", "128", "--device", "cpu"])
+                              "--data", str(setup["corpus"]), "--config", "num_items=16",
+                              "--config", "limit=8", "--config", "seq_len=128",
+                              "--config", "device=cpu"])
     assert res.exit_code == 0, res.output
     assert "multiple-choice mean" in res.output and "bits/byte" in res.output
     data = json.loads(out.read_text())

@@ -22,9 +22,9 @@ def test_teacher_train_cli_runs_the_flow(tiny_corpus, tmp_path, monkeypatch, pre
     shutil.copytree(tiny_corpus, corpus, ignore=shutil.ignore_patterns("tokens"))
     out = tmp_path / "teacher"
     result = CliRunner().invoke(app, [
-        "teacher", "train", "--tokens", "2000", "--out", str(out), "--threads", "1",
-        "--config", json.dumps(TINY),
-        "--corpus", str(corpus), "--eval-tasks", "indent", "--eval-limit", "2", "--no-register"])
+        "teacher", "train", "--out", str(out), "--config", json.dumps(TINY),
+        "--config", "tokens=2000", "--config", "threads=1", "--data", str(corpus),
+        "--config", "{eval_tasks: indent, eval_limit: 2, register_as: null}"])
     assert result.exit_code == 0, result.output
     record = json.loads((out / "training.json").read_text())
     assert record["tokens_seen"] == (2000 // (64 * 4)) * 64 * 4 and record["params"] > 0

@@ -137,9 +137,9 @@ def test_unmeasurable_target_is_a_user_error(model_dir):
 def test_cli_exit_codes_and_json(model_dir, tmp_path):
     runner = CliRunner()
     common = ["verify", "--model", str(model_dir), "--target", CPU, "--workload",
-              "interactive-cpu", "--isl", "16", "--osl", "4", "--repeats", "2"]
+              "interactive-cpu", "--config", "{isl: 16, osl: 4, repeats: 2}"]
     out = tmp_path / "ok.json"
-    result = runner.invoke(app, [*common, "--max-tpot-ms", "60000", "--json", str(out)])
+    result = runner.invoke(app, [*common, "--limit", "tpot=60000", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["ok"] is True and report["limits"]["max_tpot_ms"] == 60000
@@ -149,7 +149,7 @@ def test_cli_exit_codes_and_json(model_dir, tmp_path):
 
     out = tmp_path / "fail.json"
     # memory has no noise allowance, so this limit fails however busy the machine is
-    result = runner.invoke(app, [*common, "--max-memory-gb", "1e-9", "--json", str(out)])
+    result = runner.invoke(app, [*common, "--limit", "memory=1e-9", "--json", str(out)])
     assert result.exit_code == 1, result.output
     assert json.loads(out.read_text())["violations"] == ["memory_gb"]
     assert "FAIL" in result.output
