@@ -22,6 +22,8 @@ DEFAULT_WORKLOAD = "interactive-cpu"
 
 # How the main branch finds its architecture: the search; its ablations greedy (repair
 # from the teacher, no DNAS) and random (random search, as many scored architectures as
-# the search); and the fair homogeneous Minitron baseline.
-METHODS = ("autocompress", "greedy", "random", "minitron")
+# the search); the fair homogeneous Minitron baseline; minitron-scored (Minitron's
+# homogeneous candidates through greedy's selection: the control for heterogeneity); and
+# mip (greedy's block scores, the optimum of an exact integer program, as Puzzle picks).
+METHODS = ("autocompress", "greedy", "random", "minitron", "minitron-scored", "mip")
 DEFAULT_METHOD = "autocompress"

@@ -56,7 +56,8 @@ __all__ = ["METHODS", "compress"]
 
 # The task that finds the main branch's architecture, by method (``defaults.METHODS``).
 ARCH_STAGES: dict[str, Stage] = {"autocompress": search_arch, "greedy": ablation_arch,
-                                 "random": ablation_arch, "minitron": minitron_arch}
+                                 "random": ablation_arch, "minitron": minitron_arch,
+                                 "minitron-scored": ablation_arch, "mip": ablation_arch}
 # Stages that take an ``options`` dict from the flow's ``options[<name>]``.
 STAGE_OPTIONS = tuple(STAGE_CONFIGS)
 # Engine targets (cpu-local/llama.cpp/*) serve an exported file: it is exported after

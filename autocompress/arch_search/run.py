@@ -51,6 +51,8 @@ from autocompress.arch_search.minitron import (
     minitron_for_params,
     minitron_matched,
 )
+from autocompress.arch_search.minitron_scored import run_minitron_scored
+from autocompress.arch_search.mip import run_mip
 from autocompress.arch_search.space import Choice
 from autocompress.arch_search.trajectory import plot_trajectory, save_trajectory
 from autocompress.atomic import remove_path, write_json_atomic
@@ -341,8 +343,12 @@ def run_method(ctx: SearchContext, method: str, limits: Limits,
         return run_search(ctx, limits, config, progress=progress)
     if method == "minitron":
         return run_minitron(ctx, limits=limits, config=config, progress=progress)
-    if method in ("greedy", "random"):
+    if method in ("greedy", "random", "minitron-scored", "mip"):
         need_costs(ctx)
+    if method == "minitron-scored":
+        return run_minitron_scored(ctx, limits, config, progress)
+    if method == "mip":
+        return run_mip(ctx, limits, config, progress)
     if method == "greedy":
         return run_greedy(ctx, limits, config, progress)
     if method == "random":
