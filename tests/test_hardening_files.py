@@ -105,8 +105,8 @@ def test_prune_refuses_a_non_empty_out_and_loses_nothing(tmp_path, monkeypatch, 
     work.mkdir()
     (work / "notes.txt").write_text("keep me")
     monkeypatch.chdir(work)
-    args = ["prune", "--teacher", tmp_path / "teacher", "--arch", tmp_path / "arch.json",
-            "--random-channels"]
+    args = ["prune", "--model", tmp_path / "teacher", "--arch", tmp_path / "arch.json",
+            "--config", "random_channels=true"]
 
     for out in (".", work, ".."):
         code, err = cli(capsys, monkeypatch, *args, "--out", out, "--overwrite")
@@ -130,8 +130,8 @@ def test_teacher_train_refuses_a_non_empty_out_before_training(tmp_path, monkeyp
     out = tmp_path / "teacher"
     out.mkdir()
     (out / "mine.txt").write_text("mine")
-    code, err = cli(capsys, monkeypatch, "teacher", "train", "--tokens", "2000", "--no-prefect",
-                    "--out", out)
+    code, err = cli(capsys, monkeypatch, "teacher", "train",
+                    "--config", "{tokens: 2000, prefect: false}", "--out", out)
     assert code == 2 and "not empty" in err and "--overwrite" in err
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
 

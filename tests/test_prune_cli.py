@@ -62,7 +62,8 @@ def _invoke(*args: str):
 def test_arch_show_table_and_json(workspace):
     table = _invoke("arch", "show", "--model", workspace / "teacher").output
     assert "LlamaForCausalLM" in table and "KV heads total 6" in table
-    spec = ArchSpec.from_json(_invoke("arch", "show", "--model", workspace / "teacher", "--format", "json").output)
+    printed = _invoke("arch", "show", "--model", workspace / "teacher", "--format", "json")
+    spec = ArchSpec.from_json(printed.output)
     assert spec.num_layers == 3 and spec.layers[0].attention.num_kv_heads == 2
 
 

@@ -269,7 +269,7 @@ def test_served_event_retry_distributed_and_uis(served):
 
     tiny_model("llama", seed=0).save_pretrained(tmp / "tiny-teacher")
     out = run_cli([sys.executable, "-m", "autocompress.cli", "teacher", "register",
-                   str(tmp / "tiny-teacher"), "--name", TEACHER_NAME], env)
+                   "--model", str(tmp / "tiny-teacher"), "--name", TEACHER_NAME], env)
     event_id = out.split("autocompress.teacher.registered")[-1].strip().split()[0]
     triggered = deployments["on-new-teacher"]["id"]
 

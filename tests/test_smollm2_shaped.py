@@ -58,27 +58,28 @@ def test_every_stage_runs_on_a_smollm2_shaped_model(teacher_dir, tiny_corpus, tm
     torch.set_num_threads(1)
     imp, arch = tmp_path / "imp.safetensors", tmp_path / "arch.json"
     _cli("importance", "--model", teacher_dir, "--out", imp, "--data", tiny_corpus,
-         "--seq-len", 32, "--batch-size", 2, "--batches", 2, "--removal-batches", 1)
-    _cli("search", "--teacher", teacher_dir, "--target", "h100-sxm/vllm/bf16", "--workload",
+         "--config", "{seq_len: 32, batch_size: 2, num_batches: 2, removal_batches: 1}")
+    _cli("search", "--model", teacher_dir, "--target", "h100-sxm/vllm/bf16", "--workload",
          "interactive", "--budget-fraction", 0.98, "--importance", imp, "--data", tiny_corpus,
-         "--steps", 6, "--batch-size", 2, "--seq-len", 32, "--top-k", 1, "--out", arch)
+         "--config", "{dnas: {steps: 6, batch_size: 2, seq_len: 32}, selection: {top_k: 1}}",
+         "--out", arch)
     layers = json.loads(arch.read_text())["layers"]
     for layer in layers:  # every kept attention still groups query heads over KV heads
         if layer.get("attention"):
             att = layer["attention"]
             assert att["num_heads"] % att["num_kv_heads"] == 0
     student, distilled = tmp_path / "student", tmp_path / "distilled"
-    _cli("prune", "--teacher", teacher_dir, "--arch", arch, "--importance", imp, "--out",
+    _cli("prune", "--model", teacher_dir, "--arch", arch, "--importance", imp, "--out",
          student)
-    out = _cli("distill", "--teacher", teacher_dir, "--student", student, "--data", tiny_corpus,
-               "--tokens", 4 * 32 * 3, "--seq-len", 32, "--batch-size", 4, "--eval-batches", 1,
-               "--teacher-topk", 16, "--out", distilled).output
+    out = _cli("distill", "--teacher", teacher_dir, "--model", student, "--data", tiny_corpus,
+               "--tokens", 4 * 32 * 3, "--config", "{seq_len: 32, batch_size: 4, eval_batches: 1}",
+               "--config", "teacher_topk=16", "--out", distilled).output
     assert "teacher outputs (top-16)" in out
     model, tok = load_causal_lm(distilled)
     assert tok("x")["input_ids"][0] == tok.bos_token_id  # the tokenizer travelled intact
     scores = tmp_path / "eval.json"
-    _cli("eval", "--model", distilled, "--tasks", "indent,heldout", "--limit", 4,
-         "--num-items", 8, "--seq-len", 64, "--corpus", tiny_corpus, "--json", scores)
+    _cli("eval", "--model", distilled, "--tasks", "indent,heldout", "--config",
+         "{limit: 4, num_items: 8, seq_len: 64}", "--data", tiny_corpus, "--json", scores)
     result = json.loads(scores.read_text())
     assert 0 <= result["tasks"]["indent"]["score"] <= 1 and result["bits_per_byte"] > 0
     # GQA 3 with one global head count exports; a student whose layers differ in query
@@ -87,7 +88,7 @@ def test_every_stage_runs_on_a_smollm2_shaped_model(teacher_dir, tiny_corpus, tm
          tmp_path / "served")
     blocks = json.loads((tmp_path / "served" / "config.json").read_text())["block_configs"]
     assert [b["attention"]["n_heads_in_group"] for b in blocks] == [3] * 4
-    _cli("verify", "--model", distilled, "--target", "cpu-local/hf-eager/fp32", "--isl", 8,
-         "--osl", 4, "--batch", 1, "--max-memory-gb", 1, "--repeats", 2, "--warmup", 1,
+    _cli("verify", "--model", distilled, "--target", "cpu-local/hf-eager/fp32", "--config",
+         "{isl: 8, osl: 4, batch: 1, repeats: 2, warmup: 1}", "--limit", "memory=1",
          "--json", tmp_path / "verify.json")
     assert json.loads((tmp_path / "verify.json").read_text())["ok"]
