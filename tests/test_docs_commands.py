@@ -15,7 +15,6 @@ and the repository paths they name, the README's length, and dates or commit has
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -130,15 +129,17 @@ def test_every_unmarked_command_runs(doc, tmp_path, monkeypatch, capsys):
             assert code == 0, f"{block.where}: `{shlex.join(args)}` exited {code}:\n{out[-3000:]}"
 
 
-def parses(args: list[str]) -> None:
+def parses(args: list[str]):
     """Parse ``autocompress ARGS`` down to its command, as click would before running it:
-    every command and option must exist and every value convert. Nothing runs."""
+    every command and option must exist and every value convert. Nothing runs; the
+    command's context (its ``params``) is returned."""
     command = typer.main.get_command(app)
     ctx = command.make_context("autocompress", list(args))
     while is_group(command):
         rest = [*ctx._protected_args, *ctx.args]
         name, command, rest = command.resolve_command(ctx, rest)
         ctx = command.make_context(name, rest, parent=ctx)
+    return ctx
 
 
 def is_group(command) -> bool:
@@ -180,7 +181,7 @@ def test_a_new_block_is_found_and_a_bad_command_fails(tmp_path, monkeypatch, cap
     assert run_autocompress(plain.commands[0][1:], capsys, monkeypatch)[0] != 0
     with pytest.raises(typer.exceptions.TyperException, match="no-such-option"):
         parses(long.commands[0][1:])
-    parses(["run", "--budget-fraction", "0.5"])
+    assert float(parses(["run", "--budget-fraction", "0.5"]).params["budget_fraction"]) == 0.5
     assert unknown_commands("`autocompress costmodel fit`, `autocompress costmodel fits --x`, "
                             "`autocompress runs`") == ["costmodel fits", "runs"]
 
@@ -205,36 +206,18 @@ def test_the_cuda_install_pins_the_locked_torch():
         assert (ROOT / lock).is_file(), lock
 
 
-# Stage sizes for a run of seconds per stage (those of tests/test_targets_flows.py).
-TINY_OPTIONS = {
-    "costmodel": {"n_probes": 5, "repeats": 1},
-    "validation": {"n": 2, "repeats": 1, "max_mape": None, "min_kendall_tau": None},
-    "importance": {"seq_len": 32, "batch_size": 2, "num_batches": 2, "removal_batches": 0},
-    "search": {"dnas": {"steps": 3, "batch_size": 2, "seq_len": 32, "teacher_cache": 1},
-               "score_batches": 1, "measured_rounds": 0, "selection": {"top_k": 2}},
-    "distill": {"tokens": 2 * 2 * 64, "batch_size": 2, "seq_len": 64, "eval_batches": 1},
-    "verify": {"repeats": 2},
-}
-
-
-@pytest.mark.slow  # the whole compress flow and MLflow, on tiny settings: about a minute
-def test_the_quick_start_runs_with_tiny_settings(tmp_path, monkeypatch, capsys, prefect_server,
-                                                 tiny_corpus):
-    """The README's CLI quick start as written, on the bundled teacher, with tiny stage
-    sizes added: it compresses, registers, and the lineage of what it registered reads."""
-    block = next(b for b in BLOCKS if b.doc.name == "README.md"
-                 and any(a[:2] == ["autocompress", "run"] for a in b.commands))
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "corpus").symlink_to(tiny_corpus)  # the default corpus, without building it
-    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(home))
-    monkeypatch.chdir(tmp_path)
-    tiny = ["--options", json.dumps(TINY_OPTIONS), "--eval-tasks", "heldout", "--eval-limit", "2"]
-    for args in block.commands:
-        args = args[1:] + (tiny if args[1] == "run" else [])
-        code, out = run_autocompress(args, capsys, monkeypatch)
-        assert code == 0, f"{block.where}: `autocompress {shlex.join(args)}`:\n{out[-3000:]}"
-    assert "autocompress-compressed@1" in out
+@pytest.mark.parametrize("block", [b for b in BLOCKS if any(a[:2] == ["autocompress", "run"]
+                                                             for a in b.commands)],
+                         ids=lambda b: b.where)
+def test_every_documented_run_has_a_limit(block):
+    """A run without a limit stops at once ("no limit to compress for"); a quick start once
+    showed one. Every documented ``autocompress run`` gives a budget fraction or a limit."""
+    for args in (a for a in block.commands if a[:2] == ["autocompress", "run"]):
+        params = parses(args[1:]).params
+        given = [name for name, value in params.items()
+                 if value and ("budget" in name or "limit" in name or name.startswith(("max_",
+                                                                                      "min_")))]
+        assert given, f"{block.where}: `{shlex.join(args)}` sets no limit"
 
 
 # ------------------------------------------------------------------ the text itself
