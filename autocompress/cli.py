@@ -49,7 +49,12 @@ app = typer.Typer(
         "latency, throughput and memory limits on a target GPU/CPU and serving "
         "engine, keeping as much accuracy as possible. Wherever a model is asked for, "
         "pass a directory, a hub id, or a named teacher: `default` (the bundled code "
-        "teacher) or `smollm2-135m` (SmolLM2-135M-Instruct, built from an installed GGUF)."
+        "teacher) or `smollm2-135m` (SmolLM2-135M-Instruct, built from an installed GGUF).\n\n"
+        "Every command spells its options the same way: --model (and --teacher beside it "
+        "where a student learns from a teacher), --data for a corpus, --limit METRIC=VALUE, "
+        "--json FILE to write a result, --format json to print one, and --config FILE or "
+        "KEY=VALUE for the deeper settings (YAML or JSON, checked like the library checks "
+        "them). Old spellings still work for one release and say what to use instead."
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -160,6 +160,18 @@ def test_config_files_and_entries_merge_and_later_wins(tmp_path):
     assert config.selection == SearchConfig().selection  # what no entry names keeps its default
 
 
+def test_a_repeated_old_option_appends_to_its_list():
+    """`costmodel fit --workload a --workload b` (the old spelling) keeps both workloads."""
+    from autocompress.commands.aliases import rewrite
+    from autocompress.commands.costmodel import FIT_ALIASES
+    from autocompress.commands.settings import read_entries
+
+    args = rewrite(["--workload", "interactive-cpu", "-w", "datacenter-cpu"], FIT_ALIASES)
+    assert args == ["--config", "workloads[]=interactive-cpu",
+                    "--config", "workloads[]=datacenter-cpu"]
+    assert read_entries(args[1::2]) == {"workloads": ["interactive-cpu", "datacenter-cpu"]}
+
+
 def test_limit_entries_take_every_spelling_and_a_file(tmp_path):
     from autocompress.commands.limit_options import parse_limits
     from autocompress.errors import AutoCompressError

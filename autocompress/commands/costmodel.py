@@ -278,7 +278,6 @@ def _workloads(names: list[str] | None):
 
 MEASURABLE_HELP = ("A measurable target: cpu-local/hf-eager/fp32|bf16 or "
                    "cpu-local/llama.cpp/f32|f16|q8_0|q4_0.")
-FIT_WORKLOAD_HELP = "Workloads to fit on (repeatable; default: the three -cpu presets)."
 
 
 def _fit_settings():
@@ -294,12 +293,14 @@ def _fit_settings():
 
 
 FIT_CONFIG_EXAMPLE = (
-    "Keys of FitOptions, e.g. n_probes=20, repeats=3, warmup=1, seed=0, paired=true (time "
+    "Keys of FitOptions, e.g. workloads=[interactive-cpu] (default: the three -cpu presets), "
+    "n_probes=20, repeats=3, warmup=1, seed=0, paired=true (time "
     "each probe in lockstep with the teacher's architecture; false: alone); threads=1 (" +
     THREADS_HELP + "), statistic=median|floor (" + STATISTIC_HELP + "), rows=FILE (also "
     "save the probe data JSON)."
 )
 FIT_ALIASES = {
+    "--workload": setting("workloads[]"), "-w": setting("workloads[]"),
     "--probes": setting("n_probes"), "--repeats": setting("repeats"),
     "--warmup": setting("warmup"), "--threads": setting("threads"), "--seed": setting("seed"),
     "--statistic": setting("statistic"), "--rows": setting("rows"),
@@ -310,7 +311,6 @@ FIT_ALIASES = {
 @costmodel_app.command("fit", cls=aliased(FIT_ALIASES))
 def fit(
     target: str = typer.Option(DEFAULT_TARGET, "--target", help=MEASURABLE_HELP),
-    workload: list[str] = typer.Option(None, "--workload", "-w", help=FIT_WORKLOAD_HELP),
     out: Path | None = typer.Option(
         None, "--out", help="Where to save the model (default: AUTOCOMPRESS_HOME/costmodels/)."
     ),
@@ -327,7 +327,7 @@ def fit(
     _set_threads(threads)
     parsed = Target.parse(target, threads=threads)
     model, rows = fit_cost_model(parsed, default_base_config(),
-                                 _workloads(workload or settings.workloads),
+                                 _workloads(settings.workloads),
                                  n_probes=settings.n_probes, repeats=settings.repeats,
                                  warmup=settings.warmup, seed=settings.seed,
                                  statistic=settings.statistic, paired=settings.paired)
@@ -353,6 +353,7 @@ class ValidateSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    workloads: list[str] | None = Field(None, description="default: the three -cpu presets")
     n: int = Field(30, ge=1, description="sampled architectures")
     repeats: int = Field(5, ge=1)
     warmup: int = Field(1, ge=0)
@@ -364,18 +365,19 @@ class ValidateSettings(BaseModel):
 
 
 VALIDATE_CONFIG_EXAMPLE = (
-    "Keys: n=30 (sampled architectures), repeats=5, warmup=1, threads=1, seed=1000, "
+    "Keys: workloads=[interactive-cpu] (default: the three -cpu presets), n=30 (sampled "
+    "architectures), repeats=5, warmup=1, threads=1, seed=1000, "
     "statistic=median|floor, cost_model=FILE (default: the target's fitted one), "
     "plot=FILE (a predicted-vs-measured PNG)."
 )
 VALIDATE_ALIASES = {f"--{key.replace('_', '-')}": setting(key)
-                    for key in ValidateSettings.model_fields}
+                    for key in ValidateSettings.model_fields if key != "workloads"}
+VALIDATE_ALIASES.update({"--workload": setting("workloads[]"), "-w": setting("workloads[]")})
 
 
 @costmodel_app.command("validate", cls=aliased(VALIDATE_ALIASES))
 def validate(
     target: str = typer.Option(DEFAULT_TARGET, "--target", help=MEASURABLE_HELP),
-    workload: list[str] = typer.Option(None, "--workload", "-w", help=FIT_WORKLOAD_HELP),
     json_out: Path | None = typer.Option(None, "--json",
                                          help="Write the report JSON to this file."),
     config: list[str] = config_option(VALIDATE_CONFIG_EXAMPLE),
@@ -395,8 +397,8 @@ def validate(
     if model.source != "fitted":
         console.print("[yellow]no fitted model for this target: validating the analytic "
                       "one (run `autocompress costmodel fit` first)[/yellow]")
-    report = validate_cost_model(model, default_base_config(), _workloads(workload), n=n,
-                                 repeats=settings.repeats, warmup=settings.warmup,
+    report = validate_cost_model(model, default_base_config(), _workloads(settings.workloads),
+                                 n=n, repeats=settings.repeats, warmup=settings.warmup,
                                  seed=settings.seed, statistic=statistic)
     if json_out:
         write_json_atomic(json_out, report.model_dump(mode="json"))

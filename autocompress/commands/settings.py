@@ -4,7 +4,8 @@ The command line keeps what a user sets on most runs (the model, the target, the
 where to write); everything else is a setting of the pydantic config the library itself
 takes (``SearchConfig``, ``DistillConfig``, ...). ``--config`` is repeatable and each entry
 is either a file (YAML or JSON: a mapping of those settings) or one ``KEY=VALUE`` setting,
-with dotted keys for nested ones (``--config dnas.steps=40``), or an inline mapping
+with dotted keys for nested ones (``--config dnas.steps=40``; ``KEY[]=VALUE`` appends to a
+list), or an inline mapping
 (``--config '{"dnas": {"steps": 40}}'``). Later entries win. The
 result is validated by the config class, so an unknown key or a bad value stops the
 command in one line naming it, with exit code 2.
@@ -97,6 +98,7 @@ def _mapping(data: Any, where: str) -> dict:
 
 
 def _set_dotted(data: dict, key: str, value: Any) -> None:
+    """``a.b=1`` sets ``data["a"]["b"]``; ``a[]=1`` appends to the list ``data["a"]``."""
     *parents, last = key.split(".")
     node = data
     for part in parents:
@@ -104,7 +106,11 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
         if not isinstance(child, dict):
             child = node[part] = {}
         node = child
-    node[last] = value
+    if last.endswith("[]"):  # one more item of a list (what a repeated option gave)
+        items = node.get(last[:-2])
+        node[last[:-2]] = [*(items if isinstance(items, list) else []), value]
+    else:
+        node[last] = value
 
 
 def _merge(into: dict, new: dict) -> None:

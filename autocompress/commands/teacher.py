@@ -146,16 +146,18 @@ def train(
                f"{record['tokens_seen']:,} tokens, held-out {record['final_eval']}")
 
 
-@teacher_app.command("card")
+@teacher_app.command("card", cls=aliased({"--eval-json": renamed("--scores")}))
 def card(
-    model: str = typer.Option("default", help="Teacher dir (with training.json)."),
-    eval_json: Path = typer.Option(None, help="Scores from `autocompress eval --json`."),
+    model: str = typer.Option("default", "--model", "-m",
+                              help="Teacher dir (with training.json)."),
+    scores: Path = typer.Option(None, "--scores",
+                                help="Scores written by `autocompress eval --json FILE`."),
 ) -> None:
     """Write the default teacher's model card (README.md) from its training record and scores."""
     from autocompress.model_source import resolve_model_dir
     from autocompress.teacher import write_model_card
 
-    path = write_model_card(resolve_model_dir(model), eval_json)
+    path = write_model_card(resolve_model_dir(model), scores)
     typer.echo(f"wrote {path}")
 
 
