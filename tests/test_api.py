@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import autocompress
 from autocompress.modeling.tiny import tiny_model
 from bench.report import between_markers
 
@@ -15,6 +16,14 @@ def readme_example() -> str:
     block = between_markers(README.read_text(), "api-example")
     assert block is not None, "README lacks the api-example block"
     return block.split("```python")[1].split("```")[0]
+
+
+# Seconds per step on a tiny teacher. The gate's thresholds are off: a fit of 5 probes of a
+# model this small times mostly noise, and the gate itself is tested elsewhere.
+TINY = {"costmodel": {"n_probes": 5, "repeats": 1},
+        "validation": {"n": 2, "repeats": 1, "max_mape": None, "min_kendall_tau": None},
+        "search": {"dnas": {"steps": 20}, "measured_rounds": 0},
+        "distill": {"tokens": 20_000, "eval_batches": 2}, "eval_limit": 5, "verify": {"repeats": 3}}
 
 
 def test_the_readme_example_compresses_a_tiny_teacher(tmp_path, monkeypatch, tiny_corpus,
@@ -30,16 +39,19 @@ def test_the_readme_example_compresses_a_tiny_teacher(tmp_path, monkeypatch, tin
     monkeypatch.chdir(tmp_path)
 
     code = readme_example()
-    assert code.count('"default"') == 1  # the teacher: the only thing the test changes
-    namespace: dict = {}
-    exec(compile(code.replace('"default"', repr(str(teacher))), str(README), "exec"), namespace)
+    # What the test changes: the teacher, and tiny settings for every step.
+    assert code.count('"default"') == 1 and code.count('out="compressed")') == 1
+    code = code.replace('"default"', repr(str(teacher)))
+    code = code.replace('out="compressed")', 'out="compressed", config=TINY)')
+    namespace: dict = {"TINY": autocompress.CompressConfig.model_validate(TINY)}
+    exec(compile(code, str(README), "exec"), namespace)
 
     result = namespace["result"]
     assert result.out_dir == Path("compressed") and (tmp_path / "compressed/config.json").exists()
     found = result.search
     assert found.method == "autocompress" and found.params < found.teacher_params
-    # The limit is 60% of the teacher's predicted TPOT, and the pick meets it as predicted.
-    assert found.limits.max_tpot_ms == found.teacher_predicted["tpot_ms"] * 0.6
+    # The limit is half the teacher's predicted TPOT, and the pick meets it as predicted.
+    assert found.limits.max_tpot_ms == found.teacher_predicted["tpot_ms"] * 0.5
     assert found.predicted["tpot_ms"] <= found.limits.max_tpot_ms
     assert result.distill.tokens_seen >= 20_000
     assert result.evaluation["tasks"] and result.evaluation["heldout_loss"] > 0
