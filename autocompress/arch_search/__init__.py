@@ -11,6 +11,8 @@
   scores, timings and checks every method shares;
 - ``final_pick``: repair of a search's answer and the final pick among candidates;
 - ``ablations``: greedy repair from the teacher (no DNAS) and random search;
+  ``minitron_scored`` (Minitron's grid under greedy's selection) and ``mip`` (an exact
+  0-1 program on greedy's block scores) are the two controls beside them;
 - ``run``: the search and the baseline end to end, and the files they write;
 - ``family`` / ``multitarget``: several budgets, or several targets, from one search;
 - ``trajectory``: the search's per-step record as JSON and a plot.
