@@ -535,6 +535,7 @@ def test_each_method_finds_the_architecture_with_its_own_stage(recorded):
     assert arch["autocompress"][1] == "search" and "validation" in arch["autocompress"][2]
     assert arch["greedy"][1] == arch["random"][1] == "ablation"
     assert arch["random"][2]["method"] == "random" and "validation" in arch["greedy"][2]
+    assert arch["mip"][2]["method"] == "mip" and arch["minitron-scored"][1] == "ablation"
     assert arch["minitron"][1] == "minitron" and "validation" not in arch["minitron"][2]
     with pytest.raises(AutoCompressError, match="unknown method 'bogus'"):
         recorded(method="bogus")

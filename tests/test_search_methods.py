@@ -715,8 +715,10 @@ def test_methods_reach_the_flow_and_the_cli(tmp_path):
     from autocompress.cli import app
     from flows.compress import ARCH_STAGES, METHODS, seeded
 
-    assert METHODS == ("autocompress", "greedy", "random", "minitron") == tuple(ARCH_STAGES)
-    assert ARCH_STAGES["greedy"].name == ARCH_STAGES["random"].name == "ablation"
+    assert METHODS == ("autocompress", "greedy", "random", "minitron", "minitron-scored",
+                       "mip") == tuple(ARCH_STAGES)
+    assert {ARCH_STAGES[m].name for m in ("greedy", "random", "minitron-scored", "mip")} == \
+        {"ablation"}
     assert ARCH_STAGES["minitron"].name == "minitron"
     options = seeded({"distill": {"seed": 7, "tokens": 10}}, 3)
     assert options == {"distill": {"seed": 7, "tokens": 10}, "search": {"dnas": {"seed": 3}}}
