@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autocompress.defaults import DEFAULT_TARGET
 from autocompress.errors import AutoCompressError, invalid_input
 
 METRIC_NAMES = ("ttft_ms", "tpot_ms", "e2e_ms", "throughput_tok_s", "memory_gb")
@@ -46,7 +47,7 @@ class Workload(BaseModel):
     osl: int = Field(ge=1, description="Output (generated) tokens per sequence.")
     batch: int = Field(default=1, ge=1, description="Concurrent sequences (concurrency).")
     main_metric: str = Field(default="tpot_ms", description="The metric this scenario is about.")
-    default_target: str = Field(default="cpu-local/hf-eager/fp32")
+    default_target: str = Field(default=DEFAULT_TARGET)
 
     @property
     def decode_context(self) -> float:
@@ -87,7 +88,7 @@ class Workload(BaseModel):
         try:  # validated like a new workload: model_copy(update=...) would skip the checks
             return Workload.model_validate({**self.model_dump(), **update})
         except ValidationError as err:
-            raise invalid_input(err, "workload", "--isl, --osl and --batch/--concurrency "
+            raise invalid_input(err, "workload", "isl, osl and batch (concurrency) "
                                 "must be whole numbers of at least 1") from None
 
 
