@@ -604,7 +604,7 @@ def _layer_map(teacher, student, config: DistillConfig) -> dict[int, int]:
         raise AutoCompressError(
             f"layer_map entries {bad} are out of range (student has {n_s} blocks, "
             f"teacher {n_t}; indices count hidden states, 0 = embeddings)",
-            "fix --layer-map or leave it unset for an even spread",
+            "fix layer_map or leave it unset for an even spread",
         )
     return dict(sorted(layer_map.items()))
 

@@ -92,7 +92,7 @@ RULES: tuple[Rule, ...] = (
             "llama.cpp": "lcpp-convert:64-65",
             "hf": "ours: the format has one global query-head count",
         },
-        "search with head fractions [1.0] (--export-engine does this)",
+        "search with head fractions [1.0] (space.export_engine does this)",
     ),
     Rule(
         "kv-groups",

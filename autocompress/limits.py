@@ -146,7 +146,7 @@ def limits_from_options(file: str | Path | None = None, **options: float | None)
         raise invalid_input(err, "limits", _LIMITS_HINT) from None
 
 
-_LIMITS_HINT = ("limits are positive numbers, e.g. --max-tpot-ms 5 or a file "
+_LIMITS_HINT = ("limits are positive numbers, e.g. --limit tpot=5 or a file "
                 '{"max_tpot_ms": 5, "max_memory_gb": 0.5}; fields: ' + ", ".join(LIMIT_METRICS))
 
 

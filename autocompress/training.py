@@ -197,7 +197,7 @@ def load_checkpoint(ckpt_dir: Path, model, optimizer) -> TrainState | None:
         elif distributed.is_sharded(model):
             raise AutoCompressError(
                 f"checkpoint {final} was written without FSDP",
-                "resume it with parallel='ddp' (no --fsdp), or start a new run",
+                "resume it with parallel='ddp' (not fsdp), or start a new run",
             )
         else:
             distributed.unwrap(model).load_state_dict(blob["model"])

@@ -202,7 +202,7 @@ def check_limits(limits: Limits | dict | None, budget_fraction: float | None) ->
     limits = limits if isinstance(limits, Limits) else Limits.model_validate(limits or {})
     if limits.is_empty() and budget_fraction is None:
         raise AutoCompressError("no limit to compress for",
-                                "give a limit (e.g. --max-tpot-ms 3) or --budget-fraction 0.6")
+                                "give a limit (e.g. --limit tpot=3) or --budget-fraction 0.6")
     return limits
 
 

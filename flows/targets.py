@@ -4,7 +4,7 @@
   --target B``): a cost model, validation gate and limits per target, one joint search
   (``search.multitarget``), one prune/distill/evaluate, and a verification on every target.
 - ``pareto``: a family along the accuracy-cost front of one target from one search
-  (``autocompress run --budgets 0.3,0.5,0.7``): the shared stages once, one ``family``
+  (``autocompress run --budget-fraction 0.3,0.5,0.7``): the shared stages once, one ``family``
   search, then prune/distill/evaluate/verify per budget.
 - ``targets_matrix``: each target's own architecture at the same relative budget, then
   every architecture measured on every measurable target (``verify`` with that target's
@@ -220,7 +220,7 @@ def pareto(
     budgets = sorted(set(budgets or []), reverse=True)
     if len(budgets) < 2:
         raise AutoCompressError("a Pareto family needs at least two budgets",
-                                hint="e.g. --budgets 0.3,0.5,0.7")
+                                hint="e.g. --budget-fraction 0.3,0.5,0.7")
     options, values = _flow_values(teacher, workload, options, seed, eval_tasks, eval_limit,
                                    corpus_dir)
     params = {"teacher": teacher, "target": target, "workload": workload, "budgets": budgets,

@@ -276,7 +276,10 @@ def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
     (["--budgets", "0.3,1.5"], "two or more distinct fractions"),
     (["--budgets", "0.3,0.5", "--budget-fraction", "0.5"], "not both"),
     (["--budgets", "0.3,0.5", "--target", "cpu-local/hf-eager/fp32",
-      "--target", "cpu-local/llama.cpp/q8_0"], "--budgets takes one --target"),
+      "--target", "cpu-local/llama.cpp/q8_0"], "budgets takes one --target"),
+    # The family's own option: --budget-fraction with a comma list.
+    (["--budget-fraction", "0.3,x"], "not a comma-separated list"),
+    (["--budget-fraction", "0.5,0.5"], "two or more distinct fractions"),
     (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/hf-eager/fp32"],
      "given twice"),
     (["--target", "cpu-local/hf-eager/fp32", "--target", "nowhere/x"], "unknown hardware"),

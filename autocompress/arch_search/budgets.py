@@ -31,8 +31,8 @@ def budgets_from_limits(limits: Limits, workload: Workload) -> dict[str, float]:
     if not budgets:
         raise AutoCompressError(
             "no limit was given",
-            hint="set at least one of --max-ttft-ms, --max-tpot-ms, --max-e2e-ms, "
-            "--min-throughput, --max-memory-gb, or --budget-fraction",
+            hint="give a --limit (tpot=, ttft=, e2e=, throughput=, memory=) or "
+            "--budget-fraction",
         )
     return budgets
 
@@ -68,8 +68,8 @@ def resolve_limits(limits: Limits | None, budget_fraction: float | None,
     if limits.is_empty():
         raise AutoCompressError(
             "no limit was given",
-            hint="set --max-tpot-ms / --max-ttft-ms / --max-e2e-ms / --min-throughput / "
-            "--max-memory-gb, or --budget-fraction",
+            hint="give a --limit (tpot=, ttft=, e2e=, throughput=, memory=) or "
+            "--budget-fraction",
         )
     return limits
 

@@ -284,7 +284,8 @@ def final_check(ctx: SearchContext, spec: ArchSpec, limits: Limits):
     if not prediction.fits:
         raise AutoCompressError(
             f"the searched architecture does not fit on {ctx.cost_model.target.name}: "
-            f"{prediction.reason}", hint="add a --max-memory-gb limit below the device memory")
+            f"{prediction.reason}",
+            hint="add a memory limit below the device memory (--limit memory=GB)")
     return prediction, checks
 
 

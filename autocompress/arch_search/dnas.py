@@ -296,7 +296,7 @@ class DNAS:
         self.config = config or DNASConfig()
         if not budgets:
             raise AutoCompressError("the search needs at least one limit",
-                                    hint="set --max-tpot-ms, --max-memory-gb, ... or "
+                                    hint="give a --limit (e.g. tpot=5) or "
                                     "--budget-fraction")
         unknown = [m for m in budgets if m not in costs.const]
         if unknown:

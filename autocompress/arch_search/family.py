@@ -1,4 +1,4 @@
-"""A Pareto family from one search (``autocompress run --budgets 0.3,0.4,0.5,0.6,0.7``).
+"""A Pareto family from one search (``autocompress run --budget-fraction 0.3,0.4,0.5,0.6,0.7``).
 
 What one search of one target shares across budgets: the teacher, its importance,
 the cost model, the calibration batches and their teacher outputs, the DNAS
@@ -53,7 +53,7 @@ def run_family(ctx, limits_list: list[Limits], config, progress: bool = False) -
     """One ``SearchOutcome`` per entry of ``limits_list`` (loosest to tightest or any order)."""
     if len(limits_list) < FAMILY_MIN:
         raise AutoCompressError("a family needs at least two budgets",
-                                hint="e.g. --budgets 0.3,0.5,0.7 (one budget: --budget-fraction)")
+                                hint="e.g. --budget-fraction 0.3,0.5,0.7 (one budget: 0.5)")
     all_budgets = [check_reachable(ctx, limits) for limits in limits_list]
     middle = anchor_index(len(limits_list))
     t0, c0 = time.perf_counter(), time.process_time()

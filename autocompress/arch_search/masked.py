@@ -100,7 +100,7 @@ class MaskedTeacher(nn.Module):
         if self.sliding_window is not None and input_ids.shape[1] > self.sliding_window:
             raise AutoCompressError(
                 f"sequence of {input_ids.shape[1]} tokens exceeds the sliding window "
-                f"{self.sliding_window}", hint="use a shorter --seq-len for the search",
+                f"{self.sliding_window}", hint="use a shorter dnas.seq_len for the search",
             )
         return self._run(input_ids, w_hidden, w_attention, w_ffn, return_hidden=return_hidden)
 

@@ -61,7 +61,7 @@ class TargetLimits:
         if "memory_gb" in budgets:
             raise AutoCompressError(
                 f"a memory limit with several targets ({self.name}) is not supported",
-                hint="search that target alone with its memory limit, or drop --max-memory-gb")
+                hint="search that target alone with its memory limit, or drop the memory limit")
         return budgets
 
     def check(self, spec: ArchSpec) -> tuple[dict[str, float], list[Any]]:

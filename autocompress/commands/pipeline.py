@@ -22,6 +22,7 @@ from autocompress.commands.aliases import (
     PRINT_JSON,
     Alias,
     aliased,
+    deprecation_line,
     model_or_positional,
     old_positional,
     renamed,
@@ -78,7 +79,6 @@ RUN_ALIASES = {
     **LIMIT_ALIASES,
     "--teacher": renamed("--model"),
     "--options": Alias("--config", convert=lambda text: text.removeprefix("@")),
-    "--budgets": renamed("--budget-fraction"),
     "--eval-tasks": setting("eval_tasks"), "--eval-limit": setting("eval_limit"),
     "--register-as": setting("register_as"), "--no-register": setting("register_as", "null"),
     "--store": setting("store"), "--experiment": setting("experiment"),
@@ -124,6 +124,7 @@ def run_command(
     seed: int | None = typer.Option(None, "--seed", help="Search and distillation seed "
                                     "(default: the stages' own, else 0)."),
     config: list[str] = config_option(RUN_CONFIG_EXAMPLE),
+    budgets: str | None = typer.Option(None, "--budgets", hidden=True),
 ) -> None:
     """Compress a teacher to meet the limits on a target (the full Prefect flow).
 
@@ -138,9 +139,15 @@ def run_command(
     own = load_settings(RunSettings, [], "run",
                         base={k: v for k, v in entries.items() if k not in STAGE_CONFIGS},
                         takes=", ".join([*STAGE_CONFIGS, *RunSettings.model_fields]))
-    fraction, budgets = _fraction_or_family(budget_fraction)
+    fraction, family = _fraction_or_family(budget_fraction)
+    if budgets is not None:  # the old option of a family: hidden, kept for one release
+        typer.echo(deprecation_line("--budgets", renamed("--budget-fraction")), err=True)
+        if family is not None:
+            raise AutoCompressError("two families of budgets are given",
+                                    "give one: --budget-fraction 0.3,0.5,0.7")
+        family = budgets
     run(teacher=model, target=target, workload=workload, limits=limits,
-        budget_fraction=fraction, budgets=budgets, baseline=baseline, method=method,
+        budget_fraction=fraction, budgets=family, baseline=baseline, method=method,
         seed=seed, eval_tasks=own.eval_tasks, eval_limit=own.eval_limit,
         register_as=own.register_as or "", no_register=own.register_as is None,
         store=own.store, experiment=own.experiment, no_track=not own.track,
@@ -212,22 +219,22 @@ def run(*, teacher: str = DEFAULT_TEACHER, target: list[str] | None = None,
 
 
 def parse_budgets(text: str) -> list[float]:
-    """``--budgets 0.3,0.5,0.7`` -> fractions (each in (0, 1], at least two distinct)."""
+    """A family's budgets ``0.3,0.5,0.7`` -> fractions (each in (0, 1], two or more)."""
     try:
         values = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise AutoCompressError(f"--budgets {text!r} is not a comma-separated list of numbers",
-                                "e.g. --budgets 0.3,0.4,0.5,0.6,0.7") from None
+        raise AutoCompressError(f"budgets {text!r} are not a comma-separated list of numbers",
+                                "e.g. --budget-fraction 0.3,0.4,0.5,0.6,0.7") from None
     if len(set(values)) < 2 or not all(0 < v <= 1 for v in values):
-        raise AutoCompressError(f"--budgets {text!r} needs two or more distinct fractions in "
-                                "(0, 1]", "e.g. --budgets 0.3,0.4,0.5,0.6,0.7")
+        raise AutoCompressError(f"a family of budgets {text!r} needs two or more distinct "
+                                "fractions in (0, 1]", "e.g. --budget-fraction 0.3,0.5,0.7")
     return sorted(set(values), reverse=True)
 
 
 def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: float | None,
                       limits: Limits, method: str, baseline: bool) -> list[float] | None:
-    """Check the combination of --target (repeated), --budgets and the single-run options;
-    the family's fractions (None: not a family)."""
+    """Check the combination of --target (repeated), a family of budgets and the single-run
+    options; the family's fractions (None: not a family)."""
     from autocompress.costmodel import Target
 
     for name in targets:
@@ -237,7 +244,7 @@ def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: 
     many = len(targets) > 1 or budgets is not None
     if many and (method != "autocompress" or baseline):
         raise AutoCompressError("--method and --baseline apply to a single-target run",
-                                "drop them, or run one --target without --budgets")
+                                "drop them, or run one --target at one budget")
     if budgets is None:
         if len(targets) > 1 and limits.is_empty() and budget_fraction is None:
             raise AutoCompressError("no limit to compress for",
@@ -245,11 +252,11 @@ def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: 
                                     "target) or a limit every target must meet")
         return None
     if len(targets) > 1:
-        raise AutoCompressError("--budgets takes one --target",
+        raise AutoCompressError("a family of budgets takes one --target",
                                 "run the family once per target")
     if budget_fraction is not None:
-        raise AutoCompressError("give --budgets or --budget-fraction, not both",
-                                "--budgets 0.3,0.5,0.7 already sets each member's limit")
+        raise AutoCompressError("give a family of budgets or one --budget-fraction, not both",
+                                "the family (0.3,0.5,0.7) already sets each member's limit")
     return parse_budgets(budgets)
 
 

@@ -84,7 +84,7 @@ def packed_split(tokenizer, corpus_dir: Path, split: Split, seq_len: int):
     if n == 0:
         raise AutoCompressError(
             f"the {split} split has {len(ids)} tokens, fewer than one window of {seq_len}",
-            "use a larger corpus or a shorter --seq-len",
+            "use a larger corpus or a shorter seq_len (a --config setting)",
         )
     windows = np.asarray(ids[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
     ds = datasets.Dataset.from_dict({"input_ids": windows})
