@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,8 +104,23 @@ def run_autocompress(args: list[str], capsys, monkeypatch) -> tuple[int, str]:
     return code, out.out + out.err
 
 
+def run_module(module: str, args: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """``python -m MODULE ARGS`` in this process (its imports are already loaded)."""
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    try:
+        with warnings.catch_warnings():
+            # runpy warns that the module is imported already; it runs a fresh copy anyway.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=False)
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code or 0
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
 def run_other(args: list[str]) -> tuple[int, str]:
-    """A command that is not ``autocompress`` (``python -m ...``, ``make``), as a process."""
+    """Any other command (``make``, ``python script.py``), as a process."""
     if args[0] in DRY_RUN:
         args = DRY_RUN[args[0]] + args[1:]
     if args[0] in ("python", "python3"):
@@ -124,6 +141,8 @@ def test_every_unmarked_command_runs(doc, tmp_path, monkeypatch, capsys):
         for args in block.commands:
             if args[0] == "autocompress":
                 code, out = run_autocompress(args[1:], capsys, monkeypatch)
+            elif args[:2] in (["python", "-m"], ["python3", "-m"]):
+                code, out = run_module(args[2], args[3:], capsys, monkeypatch)
             else:
                 code, out = run_other(args)
             assert code == 0, f"{block.where}: `{shlex.join(args)}` exited {code}:\n{out[-3000:]}"
