@@ -209,23 +209,3 @@ def test_a_bad_eval_config_stops_the_flow_before_any_stage(tmp_path, monkeypatch
         with pytest.raises(AutoCompressError, match=expected):
             compress.fn(budget_fraction=0.5, eval_config=bad, track=False)
     assert not (autocompress_home / "artifacts").exists()
-
-
-def test_demo_gives_run_every_parameter_as_a_real_value(monkeypatch):
-    """`autocompress demo` calls `run` as a function, so each of run's options must be passed
-    (an omitted one arrives as typer's OptionInfo): one target in a list, no family."""
-    import inspect
-
-    import typer.models
-
-    from autocompress.commands import demo as demo_module
-    from autocompress.commands import pipeline
-
-    seen, parameters = {}, set(inspect.signature(pipeline.run).parameters)
-    monkeypatch.setattr(pipeline, "run", lambda **kwargs: seen.update(kwargs))
-    demo_module.demo(workload="interactive-cpu", budget_fraction=0.6, baseline=True,
-                     eval_limit=150)
-    assert set(seen) == parameters
-    assert not any(isinstance(v, typer.models.OptionInfo) for v in seen.values())
-    assert seen["target"] == ["cpu-local/hf-eager/fp32"] and seen["budgets"] is None
-    assert seen["budget_fraction"] == 0.6 and seen["limits"].is_empty()
