@@ -368,6 +368,8 @@ def _distill_claimed(teacher, student, data: DistillData, config: DistillConfig,
                      out_dir: Path, work_dir: Path, own_work_dir: bool, tokenizer, resume: bool,
                      on_step, teacher_id, outputs_dir, overwrite: bool, ctx) -> DistillResult:
     """``distill`` once its output and work directories are claimed."""
+    # Hashing the teacher's weights once serves the fingerprint and the output cache's key.
+    teacher_id = teacher_id or model_digest(teacher)
     fingerprint = run_fingerprint(teacher, student, data, config, teacher_id)
     resuming = _prepare_work_dir(work_dir, config, resume, ctx, fingerprint)
 
