@@ -63,7 +63,7 @@ def test_a_model_is_always_given_as_model(path, command):
                          if isinstance(v, tuple) else "")
 def test_json_is_an_output_file_and_data_is_data(path, command):
     for param in _visible_options(command):
-        if "--json" in param.opts and path[0] != "bench":  # bench reads its own (its owner's)
+        if "--json" in param.opts:
             assert not param.is_flag and not param.multiple, (path, "--json must be one PATH")
             assert "write" in (param.help or "").lower(), (path, param.help)
         assert "--corpus" not in param.opts, (path, "the corpus is --data")

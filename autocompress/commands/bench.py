@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from autocompress.commands.aliases import aliased, renamed
 from autocompress.errors import AutoCompressError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,8 +32,10 @@ def register(app: typer.Typer) -> None:
     bench.command("retime", add_help_option=False,
                   context_settings={"allow_extra_args": True,
                                     "ignore_unknown_options": True})(retime_command)
-    bench.command("report")(report_command)
-    bench.command("readme-table")(readme_table_command)
+    # `--json` is an output file on every other command: the compare files read are --results.
+    old_json = aliased({"--json": renamed("--results")})
+    bench.command("report", cls=old_json)(report_command)
+    bench.command("readme-table", cls=old_json)(readme_table_command)
     app.add_typer(bench, name="bench")
 
 
@@ -83,7 +86,7 @@ def _load(json_paths: list[Path]) -> dict:
 
 
 def report_command(
-    json_paths: list[Path] = typer.Option([DEFAULT_JSON], "--json", help="compare.json to "
+    json_paths: list[Path] = typer.Option([DEFAULT_JSON], "--results", help="compare.json to "
                                           "read; repeat it for cells written by several runs "
                                           "(e.g. one preset each). FILE:METHOD[,METHOD] takes "
                                           "only those methods, to pair one run's method with "
@@ -114,16 +117,16 @@ def report_command(
 
 
 def readme_table_command(
-    json_paths: list[Path] = typer.Option([], "--json", help="compare.json to read; "
+    json_paths: list[Path] = typer.Option([], "--results", help="compare.json to read; "
                                           "repeatable, as for `bench report`. Without it, "
                                           "every block in results/index.json is regenerated."),
     readme: Path = typer.Option(REPO / "README.md", "--readme",
-                                help="With --json: the Markdown file whose block to replace."),
-    block: str = typer.Option("results", "--block", help="With --json: the name of the "
+                                help="With --results: the Markdown file whose block to replace."),
+    block: str = typer.Option("results", "--block", help="With --results: the name of the "
                               "block (`<!-- BLOCK:start/end -->`), e.g. `results-smollm2`."),
-    index: Path = typer.Option(DEFAULT_INDEX, "--index", help="Without --json: the results "
+    index: Path = typer.Option(DEFAULT_INDEX, "--index", help="Without --results: the results "
                                "index naming each block's files and pages."),
-    root: Path = typer.Option(None, "--root", help="Without --json: the folder the index's "
+    root: Path = typer.Option(None, "--root", help="Without --results: the folder the index's "
                               "pages (README.md, docs/...) are under (default: the index's "
                               "repository)."),
 ) -> None:
@@ -131,7 +134,7 @@ def readme_table_command(
 
     Each block's table is rebuilt from the files the index lists for it and replaces the
     text between `<!-- BLOCK:start -->` and `<!-- BLOCK:end -->` in every page of the
-    index that has those markers. With --json, one table from the given files instead,
+    index that has those markers. With --results, one table from the given files instead,
     into --readme's --block (printed if the markers are missing).
     """
     if not json_paths:
