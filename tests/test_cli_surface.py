@@ -69,6 +69,19 @@ def test_json_is_an_output_file_and_data_is_data(path, command):
         assert "--corpus" not in param.opts, (path, "the corpus is --data")
 
 
+@pytest.mark.parametrize("path, command", COMMANDS, ids=lambda v: " ".join(v)
+                         if isinstance(v, tuple) else "")
+def test_an_old_spelling_never_hides_a_current_option(path, command):
+    """An old spelling is rewritten before parsing: it must not be a flag the command has."""
+    old = set(getattr(command, "old_spellings", {}))
+    flags = {flag for p in command.params for flag in (*p.opts, *p.secondary_opts)}
+    assert not old & flags, (path, old & flags)
+    if path == ("search",):  # the walk sees the old spellings
+        assert {"--teacher", "--steps", "--max-tpot-ms"} <= old
+    for alias in getattr(command, "old_spellings", {}).values():
+        assert alias.new in flags, (path, alias.new)  # and it leads to one the command has
+
+
 def test_json_path_writes_a_file_and_format_json_prints(tmp_path, monkeypatch):
     out = tmp_path / "profile.json"
     result = runner.invoke(app, ["hardware", "profile", "--no-bench", "--json", str(out)])

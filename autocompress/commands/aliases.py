@@ -105,7 +105,7 @@ def aliased(aliases: dict[str, Alias]) -> type[TyperCommand]:
         def parse_args(self, ctx, args):
             return super().parse_args(ctx, rewrite(list(args), aliases))
 
-    AliasedCommand.old_spellings = dict(aliases)  # read by tests/test_cli_surface.py
+    AliasedCommand.old_spellings = dict(aliases)  # what the command still accepts
     return AliasedCommand
 
 
