@@ -32,6 +32,7 @@ from typing import Any
 
 from autocompress.errors import AutoCompressError
 from autocompress.limits import HOST_DRIFT, HOST_REFUSAL, HOST_REFUSAL_HINT
+from bench.report import analysis_text, cells_with_limits, load_compare, readme_table, write_report
 
 PRESETS = ("local-coding-cpu", "datacenter-cpu", "interactive-cpu")
 METHODS = ("autocompress", "minitron", "greedy", "random")  # flows.compress.METHODS
@@ -90,7 +91,6 @@ def earlier_cells(args: argparse.Namespace) -> dict[tuple[str, float], dict[str,
     (``bench report --json FILE:METHOD``)."""
     if not args.limits_from:
         return {}
-    from bench.report import cells_with_limits, load_compare
 
     found = cells_with_limits(load_compare(args.limits_from), args.limits_from)
     missing = [f"{p} @ {f:g}" for p in args.presets for f in args.budgets
@@ -334,7 +334,6 @@ def teacher_entry(point, method: dict) -> dict:
 
 def print_table(data: dict) -> None:
     """The report's table and verdict on the terminal (one implementation: ``report``)."""
-    from bench.report import analysis_text, readme_table
 
     print(readme_table(data))
     print("\n".join(analysis_text(data)))
@@ -415,7 +414,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
         # The sweep keeps a failed run's message only; the hint is check_same_host's.
         raise AutoCompressError(refused[0], hint=HOST_REFUSAL_HINT)
     if args.report:
-        from bench.report import write_report
 
         log(f"report: {write_report(data, out.parent)}")
     return data

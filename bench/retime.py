@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.errors import AutoCompressError
+from bench.report import cells_with_limits, load_compare
 
 # What a comparison records of a model's timing on the target (bench/compare.py).
 TIMING_FIELDS = ("measured", "noise", "predicted", "verify_ok", "violations",
@@ -118,7 +119,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     from autocompress.costmodel.target import Target
     from autocompress.hardware import machine_summary
     from autocompress.model_source import resolve_model_dir
-    from bench.report import cells_with_limits, load_compare
 
     args = build_parser(prog).parse_args(argv)
     inputs = [Path(p).resolve() for p in (args.json, args.limits_from) if p]

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import short_list_side
 from lab.pruned_kl_by_split import (
     BATCH,
     load_short_list,
@@ -205,7 +206,6 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per side of the short list, the mean KL gained by block-local training; and how each KL
     ranks the candidates against the short distillation (Spearman)."""
     from autocompress.stats import spearman
-    from bench.report import short_list_side
 
     short = [r["short_distill_kl"] for r in rows]
     out: dict[str, Any] = {
