@@ -139,13 +139,7 @@ def run_command(
     own = load_settings(RunSettings, [], "run",
                         base={k: v for k, v in entries.items() if k not in STAGE_CONFIGS},
                         takes=", ".join([*STAGE_CONFIGS, *RunSettings.model_fields]))
-    fraction, family = _fraction_or_family(budget_fraction)
-    if budgets is not None:  # the old option of a family: hidden, kept for one release
-        typer.echo(deprecation_line("--budgets", renamed("--budget-fraction")), err=True)
-        if family is not None:
-            raise AutoCompressError("two families of budgets are given",
-                                    "give one: --budget-fraction 0.3,0.5,0.7")
-        family = budgets
+    fraction, family = _fraction_or_family(budget_fraction, budgets)
     run(teacher=model, target=target, workload=workload, limits=limits,
         budget_fraction=fraction, budgets=family, baseline=baseline, method=method,
         seed=seed, eval_tasks=own.eval_tasks, eval_limit=own.eval_limit,
@@ -154,8 +148,20 @@ def run_command(
         refresh_cache=own.refresh_cache, options=stages)
 
 
-def _fraction_or_family(text: str | None) -> tuple[float | None, str | None]:
-    """``--budget-fraction``: one fraction, or a comma list (a family's budgets)."""
+def _fraction_or_family(text: str | None, old_budgets: str | None
+                        ) -> tuple[float | None, str | None]:
+    """``--budget-fraction``: one fraction, or a comma list (a family's budgets).
+
+    ``--budgets``, the family's own option before, still gives a family for one release
+    (with --budget-fraction beside it, ``run`` refuses the pair, as it always did).
+    """
+    if old_budgets is not None:
+        typer.echo(deprecation_line("--budgets", renamed("--budget-fraction")), err=True)
+        if text is not None and "," in text:
+            raise AutoCompressError("two families of budgets are given",
+                                    "give one: --budget-fraction 0.3,0.5,0.7")
+        single, _ = _fraction_or_family(text, None)
+        return single, old_budgets
     if text is None:
         return None, None
     if "," in text:
