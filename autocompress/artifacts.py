@@ -36,7 +36,13 @@ from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, Field
 
-from autocompress.atomic import fsync_tree, remove_path, temp_sibling, write_json_atomic
+from autocompress.atomic import (
+    fsync_tree,
+    remove_path,
+    remove_stale_temporaries,
+    temp_sibling,
+    write_json_atomic,
+)
 from autocompress.errors import AutoCompressError
 from autocompress.paths import home
 
@@ -232,6 +238,7 @@ class LocalStore(Store):
             if move:
                 remove_path(src)
             return ref
+        remove_stale_temporaries(dest)  # a copy a killed publish left next to the entry
         _put_in_place(src, dest, move)
         write_json_atomic(manifest_path, _manifest(ref, digests, src.is_dir()), indent=None)
         return ref

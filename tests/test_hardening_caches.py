@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -127,9 +129,14 @@ def test_publishing_over_a_corrupt_store_entry_restores_it(tmp_path):
     stored = ref.local_path()
     flip_byte(stored / "weights.bin")
     assert verify(ref) == "mismatch"
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()  # its pid now names a process that no longer runs
+    stale = stored.with_name(f".{stored.name}.tmp-{finished.pid}-0123abcd")
+    shutil.copytree(model, stale)  # what a publish killed mid-copy leaves
 
     again = store.publish(model, "model")  # what the error's hint says: re-run the stage
 
     assert again.sha256 == ref.sha256
     assert verify(again) == "ok"
     assert sha256_path(stored) == sha256_path(model)
+    assert not stale.exists()  # the killed publish's copy is gone
