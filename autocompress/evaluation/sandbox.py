@@ -123,29 +123,25 @@ exec(code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __b
 
 
 @functools.cache
-def network_namespace_works() -> bool:
-    """Whether ``unshare --net`` (as root or in a user namespace) can start a process here."""
+def _unshare_prefix() -> tuple[str, ...]:
+    """The command prefix that starts the child in an empty network namespace: plain
+    ``unshare --net`` (root), else inside a user namespace; () where neither works here."""
     if not shutil.which("unshare"):
-        return False
-    for flags in (["--net"], ["--map-root-user", "--net"]):
+        return ()
+    for flags in (("--net",), ("--map-root-user", "--net")):
         try:
             done = subprocess.run(["unshare", *flags, "true"], capture_output=True,
                                   timeout=10, check=False)
         except (OSError, subprocess.SubprocessError):
             continue
         if done.returncode == 0:
-            return True
-    return False
+            return ("unshare", *flags)
+    return ()
 
 
-@functools.cache
-def _unshare_prefix() -> tuple[str, ...]:
-    """The command prefix that gives the child an empty network namespace, or ()."""
-    if not network_namespace_works():
-        return ()
-    plain = subprocess.run(["unshare", "--net", "true"], capture_output=True, timeout=10,
-                           check=False).returncode == 0
-    return ("unshare", "--net") if plain else ("unshare", "--map-root-user", "--net")
+def network_namespace_works() -> bool:
+    """Whether the child gets its own empty network namespace on this machine."""
+    return bool(_unshare_prefix())
 
 
 def _set_limits(limits: Limits):
