@@ -58,9 +58,25 @@ def load_settings(config: type[Config], entries: list[str] | None, what: str,
     try:
         return config.model_validate(data)
     except ValidationError as err:
-        takes = takes or ", ".join(config.model_fields)
-        raise invalid_input(err, f"{what} settings (--config)", f"{what} takes: {takes}"
-                            ) from None
+        where, fields = _fields_at(config, err.errors()[0]["loc"])
+        if takes is None or where:
+            takes = ", ".join(fields)
+        raise invalid_input(err, f"{what} settings (--config)",
+                            f"{what} settings{f' under {where}' if where else ''} take: "
+                            f"{takes}") from None
+
+
+def _fields_at(config: type[BaseModel], loc: tuple) -> tuple[str, list[str]]:
+    """The nested settings a bad key sits in (``dnas`` for ``dnas.stepz``) and their keys,
+    so that the hint lists the keys a user can write there."""
+    model, path = config, []
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            break
+        model, path = annotation, [*path, part]
+    return ".".join(path), list(model.model_fields)
 
 
 def _is_setting(entry: str) -> bool:
