@@ -14,7 +14,7 @@ interrupted one) reuses every finished stage. The seed sets the search's and the
 distillation's seeds. This script keeps no cache and no stages of its own; it
 turns the flows' outputs (with every model's per-item benchmark scores) into
 ``results/compare.json``, which ``autocompress bench report`` and ``readme-table``
-read (paired bootstrap intervals vs the baseline: ``autocompress.stats``).
+read (paired bootstrap intervals vs the baseline: ``bench.stats``).
 
     .venv/bin/python -m bench.compare                 # every preset, budget, method, 3 seeds
     .venv/bin/python -m bench.compare --presets interactive-cpu --budgets 0.4 --seeds 0 1 \

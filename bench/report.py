@@ -22,7 +22,7 @@ files (one entry per method, ``failed_methods``) read as one seed each.
 
 Accuracy differences between methods are paired by item (the multiple-choice items
 both scored) and by seed (the seeds both ran), with a bootstrap 95% interval over items
-and seed pairs (``autocompress.stats``).
+and seed pairs (``bench.stats``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
 from autocompress.limits import HOST_DRIFT, host_drift
+from bench.stats import OVERALL, paired_differences, spearman
 
 DEFAULT_BLOCK = "results"
 
@@ -429,7 +430,6 @@ def paired_vs(a: dict, b: dict) -> dict[str, Any] | None:
     "seeds": the seeds paired, "all_seeds": whether those are every seed of both}``; None
     where either has no per-item scores.
     """
-    from autocompress.stats import OVERALL, paired_differences
 
     by_seed_a, by_seed_b = _per_item_by_seed(a), _per_item_by_seed(b)
     common = sorted(set(by_seed_a) & set(by_seed_b))
@@ -606,7 +606,7 @@ def readme_table(data: dict) -> str:
                    if settings.get("eval_limit") else "full benchmark suite)._"))
         note += ("\n_Δ: paired by benchmark item and by seed (the seeds both methods ran; "
                  "named where not all of them), mean over seeds, bootstrap 95% interval over "
-                 "items and seed pairs (`autocompress.stats`); — where per-item scores were "
+                 "items and seed pairs (`bench.stats`); — where per-item scores were "
                  "not recorded._")
     sources = _method_sources(data)
     if sources:
@@ -862,7 +862,6 @@ def analysis_text(data: dict) -> list[str]:
 
 def _rank_correlation(a: list[float], b: list[float]) -> float | None:
     """Spearman's rho (``stats.spearman``); None for fewer than three or a constant side."""
-    from autocompress.stats import spearman
 
     rho = spearman(a, b) if len(a) >= 3 else math.nan
     return None if math.isnan(rho) else rho

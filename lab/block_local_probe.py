@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import short_list_side
+from bench.stats import spearman
 from lab.pruned_kl_by_split import (
     BATCH,
     load_short_list,
@@ -205,7 +206,6 @@ def probe(args: argparse.Namespace, report: dict[str, Any]) -> list[dict[str, An
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per side of the short list, the mean KL gained by block-local training; and how each KL
     ranks the candidates against the short distillation (Spearman)."""
-    from autocompress.stats import spearman
 
     short = [r["short_distill_kl"] for r in rows]
     out: dict[str, Any] = {

@@ -5,7 +5,7 @@ kept; 4 query heads + FFN 384, 2 query heads + FFN 192, FFN 384 with all heads) 
 teacher is pruned by each criterion's ranking and scored on the *whole* held-out
 split before any retraining. Each held-out window is one item: the difference of
 the two pruned models is paired per window, with a bootstrap 95% interval
-(``autocompress.stats``) and the closed-form s.e. of the mean paired difference.
+(``bench.stats``) and the closed-form s.e. of the mean paired difference.
 
     .venv/bin/python -m lab.importance_criteria [--teacher default] \
         [--json lab/results/importance_criteria.json]
@@ -34,7 +34,7 @@ from autocompress.importance import (
 )
 from autocompress.modeling import arch_spec_of, load_causal_lm
 from autocompress.prune import prune
-from autocompress.stats import paired_vectors
+from bench.stats import paired_vectors
 
 # name -> (query heads per layer, FFN width per layer); None keeps the teacher's.
 SHAPES = {"4 heads + FFN 384": (4, 384), "2 heads + FFN 192": (2, 192),

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from autocompress.stats import spearman
 from bench.report import short_list_side
+from bench.stats import spearman
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHERS = {7_082_240: "bundled 7M", 134_515_008: "SmolLM2-135M"}

@@ -73,7 +73,7 @@ def test_short_lists_skip_undistilled_rows_and_count_a_copied_list_once(rp, tmp_
 
 
 def test_spearman_averages_ties():
-    from autocompress.stats import average_ranks, spearman
+    from bench.stats import average_ranks, spearman
 
     x, y = np.array([1.0, 2.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0, 4.0])
     ranks = average_ranks(x)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from autocompress.errors import AutoCompressError
-from autocompress.stats import OVERALL, paired_differences, paired_vectors
+from bench.stats import OVERALL, paired_differences, paired_vectors
 
 
 def _runs(item_means: dict[str, np.ndarray], shift: float, seeds: int, noise: float,

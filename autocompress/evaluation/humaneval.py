@@ -8,7 +8,7 @@ Two scores on the same problems:
   canonical solution given its prompt, as **bits per byte** of the solution (lower is
   better). It is continuous where pass@1 of a 135M model is near zero, and it is paired:
   two models scored with the same tokenizer compare problem by problem (``per_problem``,
-  keyed by ``task_id``, what ``autocompress.stats`` pairs).
+  keyed by ``task_id``, what ``bench.stats`` pairs).
 - ``pass_at_k`` (opt-in only: ``allow_code_execution=True``, else an error): ``n``
   sampled completions per problem, each run with the problem's tests in the sandbox
   (``autocompress.evaluation.sandbox``), pass@k by the unbiased estimator.

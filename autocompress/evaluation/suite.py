@@ -13,7 +13,7 @@
 ``per_item`` holds every local multiple-choice item's score (the task's metric, by
 the item's id) and every held-out window's loss (by its index in the seeded order),
 so two models evaluated with the same settings can be compared item by item
-(``autocompress.stats``). lm-eval's own benchmarks record no per-item scores yet.
+(``bench.stats``). lm-eval's own benchmarks record no per-item scores yet.
 
 ``mc_mean`` is the unweighted mean score of the multiple-choice tasks that ran
 (local and standard); its stderr combines the tasks' stderrs as independent.
