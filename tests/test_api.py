@@ -50,8 +50,8 @@ def test_the_readme_example_compresses_a_tiny_teacher(tmp_path, monkeypatch, tin
     assert result.out_dir == Path("compressed") and (tmp_path / "compressed/config.json").exists()
     found = result.search
     assert found.method == "autocompress" and found.params < found.teacher_params
-    # The limit is half the teacher's predicted TPOT, and the pick meets it as predicted.
-    assert found.limits.max_tpot_ms == found.teacher_predicted["tpot_ms"] * 0.5
+    # The limit is 60% of the teacher's predicted TPOT, and the pick meets it as predicted.
+    assert found.limits.max_tpot_ms == found.teacher_predicted["tpot_ms"] * 0.6
     assert found.predicted["tpot_ms"] <= found.limits.max_tpot_ms
     assert result.distill.tokens_seen >= 20_000
     assert result.evaluation["tasks"] and result.evaluation["heldout_loss"] > 0
