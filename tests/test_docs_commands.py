@@ -8,8 +8,9 @@ or marked long by an HTML comment on the line before it::
 
 A long block names the test that runs a tiny variant of it; this file checks that the
 test exists and that every ``autocompress`` command of the block still parses against the
-real CLI (its commands and options exist, its values convert). A new unmarked block that
-does not run fails here. The guides are also checked for what rots quietly: their links
+real CLI (its commands and options exist, its values convert) and that every
+``python -m`` script of it answers ``--help``. A new unmarked block that does not run fails
+here. The guides are also checked for what rots quietly: their links
 and the repository paths they name, the README's length, and dates or commit hashes.
 """
 
@@ -167,13 +168,14 @@ def is_group(command) -> bool:
 
 
 @pytest.mark.parametrize("block", LONG_BLOCKS, ids=lambda b: b.where)
-def test_a_long_block_names_a_test_that_exists_and_parses(block):
+def test_a_long_block_names_a_test_that_exists_and_parses(block, capsys, monkeypatch):
     path, name = block.long
     test_file = ROOT / path
     assert test_file.is_file(), f"{block.where}: the long marker names {path}, which is missing"
     if name:
         assert re.search(rf"^def {name}\(", test_file.read_text(), re.M), \
             f"{block.where}: {path} has no test {name}"
+    helps = set()
     for args in block.commands:
         if args[0] == "autocompress":
             try:
@@ -182,8 +184,14 @@ def test_a_long_block_names_a_test_that_exists_and_parses(block):
                 pass
             except typer.exceptions.TyperException as err:  # no such command or option
                 pytest.fail(f"{block.where}: `{shlex.join(args)}`: {err}")
-        elif args[0] in ("python", "python3") and args[1].endswith(".py"):
-            assert (ROOT / args[1]).is_file(), f"{block.where}: no script {args[1]}"
+        elif args[:2] in (["python", "-m"], ["python3", "-m"]):
+            helps.add(args[2])
+        elif args[0] in ("python", "python3"):
+            pytest.fail(f"{block.where}: run `{args[1]}` as a module (python -m ...), as the "
+                        "repository's scripts import their package")
+    for module in sorted(helps):  # the script starts and knows its options
+        code, out = run_module(module, ["--help"], capsys, monkeypatch)
+        assert code == 0, f"{block.where}: `python -m {module} --help` exited {code}:\n{out}"
 
 
 def test_a_new_block_is_found_and_a_bad_command_fails(tmp_path, monkeypatch, capsys):
