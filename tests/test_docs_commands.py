@@ -4,10 +4,10 @@ A fenced ``bash`` / ``sh`` / ``shell`` / ``console`` block in README.md or docs/
 either run here, command by command, in a fresh AUTOCOMPRESS_HOME and working directory,
 or marked long by an HTML comment on the line before it::
 
-    <!-- long: tests/test_x.py::test_y -->
+    <!-- long: tests/test_x.py::test_y [tests/test_z.py::test_w ...] -->
 
-A long block names the test that runs a tiny variant of it; this file checks that the
-test exists and that every ``autocompress`` command of the block still parses against the
+A long block names the tests that run tiny variants of it; this file checks that the
+tests exist and that every ``autocompress`` command of the block still parses against the
 real CLI (its commands and options exist, its values convert) and that every
 ``python -m`` script of it answers ``--help``. A new unmarked block that does not run fails
 here. The guides are also checked for what rots quietly: their links
@@ -38,7 +38,7 @@ DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md")
                                     if p.name not in HISTORY)]
 SHELL = ("bash", "sh", "shell", "console")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
-LONG = re.compile(r"<!--\s*long:\s*(\S+?)(?:::(\w+))?\s*-->")
+LONG = re.compile(r"<!--\s*long:\s*(.+?)\s*-->")
 GENERATED = re.compile(r"<!-- ([a-z0-9-]+):start -->.*?<!-- \1:end -->", re.S)
 
 # What turns a documented command into a quick one. `make -n` reads the Makefile and
@@ -53,7 +53,7 @@ class Block:
     doc: Path
     line: int
     commands: list[list[str]]
-    long: tuple[str, str | None] | None
+    long: list[tuple[str, str | None]] | None  # (test file, test name or None) each
 
     @property
     def where(self) -> str:
@@ -72,6 +72,11 @@ def commands_of(text: str) -> list[list[str]]:
     return commands
 
 
+def named_tests(marker: str) -> list[tuple[str, str | None]]:
+    """``tests/a.py::test_b tests/c.py`` as ``[("tests/a.py", "test_b"), ("tests/c.py", None)]``."""
+    return [(path, name or None) for path, _, name in (t.partition("::") for t in marker.split())]
+
+
 def shell_blocks(doc: Path) -> list[Block]:
     """Every shell block of ``doc``, with the long marker on the line before it."""
     text = doc.read_text()
@@ -83,7 +88,7 @@ def shell_blocks(doc: Path) -> list[Block]:
         long = LONG.search(before)
         blocks.append(Block(doc, text.count("\n", 0, match.start()) + 1,
                             commands_of(match.group(2)),
-                            (long.group(1), long.group(2)) if long else None))
+                            named_tests(long.group(1)) if long else None))
     return blocks
 
 
@@ -169,12 +174,12 @@ def is_group(command) -> bool:
 
 @pytest.mark.parametrize("block", LONG_BLOCKS, ids=lambda b: b.where)
 def test_a_long_block_names_a_test_that_exists_and_parses(block, capsys, monkeypatch):
-    path, name = block.long
-    test_file = ROOT / path
-    assert test_file.is_file(), f"{block.where}: the long marker names {path}, which is missing"
-    if name:
-        assert re.search(rf"^def {name}\(", test_file.read_text(), re.M), \
-            f"{block.where}: {path} has no test {name}"
+    for path, name in block.long:
+        test_file = ROOT / path
+        assert test_file.is_file(), f"{block.where}: the long marker names {path}, which is missing"
+        if name:
+            assert re.search(rf"^def {name}\(", test_file.read_text(), re.M), \
+                f"{block.where}: {path} has no test {name}"
     helps = set()
     for args in block.commands:
         if args[0] == "autocompress":
@@ -199,11 +204,11 @@ def test_a_new_block_is_found_and_a_bad_command_fails(tmp_path, monkeypatch, cap
     does not exist, or an option that does not, is an error."""
     doc = tmp_path / "guide.md"
     doc.write_text("Text.\n\n```bash\nautocompress no-such-command  # a comment\n```\n\n"
-                   "<!-- long: tests/test_api.py::test_nothing -->\n```sh\n"
+                   "<!-- long: tests/test_api.py::test_nothing tests/test_x.py -->\n```sh\n"
                    "autocompress run \\\n  --no-such-option 1\n```\n")
     plain, long = shell_blocks(doc)
     assert plain.commands == [["autocompress", "no-such-command"]] and plain.long is None
-    assert long.long == ("tests/test_api.py", "test_nothing")
+    assert long.long == [("tests/test_api.py", "test_nothing"), ("tests/test_x.py", None)]
     assert long.commands == [["autocompress", "run", "--no-such-option", "1"]]
     assert run_autocompress(plain.commands[0][1:], capsys, monkeypatch)[0] != 0
     with pytest.raises(typer.exceptions.TyperException, match="no-such-option"):
