@@ -60,13 +60,16 @@ class Block:
         return f"{self.doc.relative_to(ROOT)}:{self.line}"
 
 
-def commands_of(text: str) -> list[list[str]]:
-    """The commands of a block as argument lists: continuation lines joined, ``$ ``
-    prompts and ``# comments`` dropped (shlex knows what is quoted)."""
+def commands_of(text: str, console: bool = False) -> list[list[str]]:
+    """The commands of a block as argument lists: continuation lines joined, ``# comments``
+    dropped (shlex knows what is quoted). In a ``console`` block only the lines after a
+    ``$ `` prompt are commands; the others are their output."""
     commands = []
     for line in text.replace("\\\n", " ").splitlines():
-        line = line.strip().removeprefix("$ ")
-        args = shlex.split(line, comments=True)
+        line = line.strip()
+        if console and not line.startswith("$ "):
+            continue
+        args = shlex.split(line.removeprefix("$ "), comments=True)
         if args:
             commands.append(args)
     return commands
@@ -87,7 +90,7 @@ def shell_blocks(doc: Path) -> list[Block]:
         before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         long = LONG.search(before)
         blocks.append(Block(doc, text.count("\n", 0, match.start()) + 1,
-                            commands_of(match.group(2)),
+                            commands_of(match.group(2), console=match.group(1) == "console"),
                             named_tests(long.group(1)) if long else None))
     return blocks
 
@@ -209,6 +212,8 @@ def test_a_new_block_is_found_and_a_bad_command_fails(tmp_path, monkeypatch, cap
     plain, long = shell_blocks(doc)
     assert plain.commands == [["autocompress", "no-such-command"]] and plain.long is None
     assert long.long == [("tests/test_api.py", "test_nothing"), ("tests/test_x.py", None)]
+    assert commands_of("$ autocompress --help\nUsage: autocompress\n", console=True) == [
+        ["autocompress", "--help"]]
     assert long.commands == [["autocompress", "run", "--no-such-option", "1"]]
     assert run_autocompress(plain.commands[0][1:], capsys, monkeypatch)[0] != 0
     with pytest.raises(typer.exceptions.TyperException, match="no-such-option"):
