@@ -10,7 +10,7 @@ from autocompress.cli import app
 from autocompress.commands import demo as demo_module
 from autocompress.commands import pipeline
 from autocompress.defaults import DEFAULT_TARGET, DEFAULT_WORKLOAD
-from autocompress.stage_config import STAGE_CONFIGS, check_options
+from autocompress.stage_config import check_options, stage_settings
 
 
 def _numbers(settings: dict, prefix: str = ""):
@@ -23,11 +23,8 @@ def _numbers(settings: dict, prefix: str = ""):
 
 
 def _default(stage: str, dotted: str):
-    value = STAGE_CONFIGS[stage]() if stage != "distill" else None
-    if value is None:  # DistillConfig has no token default of its own: the recipe's budget
-        from autocompress.distill import DEFAULT_TOKENS
-
-        return DEFAULT_TOKENS
+    """The full run's value of a stage setting (``stage_settings`` with no options)."""
+    value = stage_settings(stage, None)
     for part in dotted.split("."):
         value = getattr(value, part)
     return value

@@ -22,14 +22,15 @@ from autocompress.defaults import DEFAULT_METHOD, DEFAULT_TARGET, DEFAULT_TEACHE
 # its comment). Timing repetitions: paired timing spreads by a few per cent, so 2 suffice
 # to fit and gate and 5 to verify.
 DEMO_OPTIONS: dict[str, dict[str, Any]] = {
-    "costmodel": {"n_probes": 12, "repeats": 2},        # 20 probes, 3 repeats
-    "validation": {"n": 8, "repeats": 2},               # 12 architectures, 3 repeats
-    "importance": {"num_batches": 8},                   # 16 calibration batches
-    "search": {"dnas": {"steps": 80},                   # 160 search steps
-               "selection": {"top_k": 4},               # 10 candidates short-distilled
-               "minitron": {"distill_tokens": 16_384}},  # 32,768 tokens each
-    "distill": {"tokens": 60_000},                      # 200,000 tokens
-    "verify": {"repeats": 5, "sessions": 2},            # 9 repeats, 3 sessions
+    "costmodel": {"n_probes": 8, "repeats": 2},           # 20 probes, 3 repeats
+    "validation": {"n": 8, "repeats": 2},                 # 12 architectures, 3 repeats
+    "importance": {"num_batches": 4, "removal_batches": 1},  # 16 and 2 batches
+    "search": {"dnas": {"steps": 60, "batch_size": 2},    # 160 steps of 4 sequences
+               "measured_repeats": 5,                     # 9 timed runs per check
+               "selection": {"top_k": 4},                 # 10 candidates short-distilled
+               "minitron": {"distill_tokens": 8_192}},    # 32,768 tokens each
+    "distill": {"tokens": 40_000, "eval_batches": 4},     # 200,000 tokens, 8 held-out batches
+    "verify": {"repeats": 4, "sessions": 2},              # 9 repeats, 3 sessions
 }
 DEMO_EVAL_LIMIT = 50  # items per benchmark (all: 300)
 REGISTERED_NAME = "autocompress-demo"
