@@ -25,14 +25,15 @@ DEMO_OPTIONS: dict[str, dict[str, Any]] = {
     "costmodel": {"n_probes": 8, "repeats": 2},           # 20 probes, 3 repeats
     "validation": {"n": 8, "repeats": 2},                 # 12 architectures, 3 repeats
     "importance": {"num_batches": 4, "removal_batches": 1},  # 16 and 2 batches
-    "search": {"dnas": {"steps": 60, "batch_size": 2},    # 160 steps of 4 sequences
+    "search": {"dnas": {"steps": 40, "batch_size": 2},    # 160 steps of 4 sequences
+               "measured_rounds": 2,                      # 3 timed re-aims of the pick
                "measured_repeats": 5,                     # 9 timed runs per check
                "selection": {"top_k": 4},                 # 10 candidates short-distilled
                "minitron": {"distill_tokens": 8_192}},    # 32,768 tokens each
-    "distill": {"tokens": 40_000, "eval_batches": 4},     # 200,000 tokens, 8 held-out batches
-    "verify": {"repeats": 4, "sessions": 2},              # 9 repeats, 3 sessions
+    "distill": {"tokens": 30_000, "eval_batches": 4},     # 200,000 tokens, 8 held-out batches
+    "verify": {"repeats": 3, "sessions": 2},              # 9 repeats, 3 sessions
 }
-DEMO_EVAL_LIMIT = 50  # items per benchmark (all: 300)
+DEMO_EVAL_LIMIT = 30  # items per benchmark (all: 300)
 REGISTERED_NAME = "autocompress-demo"
 
 
