@@ -28,12 +28,12 @@ DEMO_OPTIONS: dict[str, dict[str, Any]] = {
     "search": {"dnas": {"steps": 40, "batch_size": 2},    # 160 steps of 4 sequences
                "measured_rounds": 2,                      # 3 timed re-aims of the pick
                "measured_repeats": 5,                     # 9 timed runs per check
-               "selection": {"top_k": 4},                 # 10 candidates short-distilled
+               "selection": {"top_k": 2},                 # 10 candidates short-distilled
                "minitron": {"distill_tokens": 8_192}},    # 32,768 tokens each
-    "distill": {"tokens": 30_000, "eval_batches": 4},     # 200,000 tokens, 8 held-out batches
+    "distill": {"tokens": 30_000, "eval_batches": 2},     # 200,000 tokens, 8 held-out batches
     "verify": {"repeats": 3, "sessions": 2},              # 9 repeats, 3 sessions
 }
-DEMO_EVAL_LIMIT = 30  # items per benchmark (all: 300)
+DEMO_EVAL_LIMIT = 20  # items per benchmark (all: 300)
 REGISTERED_NAME = "autocompress-demo"
 
 
