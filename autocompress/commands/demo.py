@@ -23,7 +23,7 @@ from autocompress.defaults import DEFAULT_METHOD, DEFAULT_TARGET, DEFAULT_TEACHE
 # to fit and gate and 5 to verify.
 DEMO_OPTIONS: dict[str, dict[str, Any]] = {
     "costmodel": {"repeats": 2},                          # 3 repeats (all 20 probes)
-    "validation": {"n": 8, "repeats": 2},                 # 12 architectures, 3 repeats
+    "validation": {"repeats": 2},                         # 3 repeats (all 12 architectures)
     "importance": {"num_batches": 4, "removal_batches": 1},  # 16 and 2 batches
     "search": {"dnas": {"steps": 40, "batch_size": 2},    # 160 steps of 4 sequences
                "measured_rounds": 2,                      # 3 timed re-aims of the pick
