@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import typer
+from cli_runner import cli
 from typer.testing import CliRunner
 
 from autocompress.cli import app
@@ -57,16 +56,6 @@ def test_commands_named_in_help_and_docs_exist():
                 missing.add(f"{file.relative_to(root)}: autocompress {first} {second}".strip())
     assert not missing, sorted(missing)
     assert ("costmodel", "targets") in COMMANDS
-
-
-def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
-    """Run ``autocompress ARGS`` as the console script does; (exit code, stderr)."""
-    from autocompress.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["autocompress", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    return exit_info.value.code or 0, capsys.readouterr().err
 
 
 NEMOTRON = {"model_type": "nemotron-nas", "hidden_size": 64, "num_attention_heads": 4,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
+from cli_runner import cli
 
 from autocompress.atomic import check_out_dir, publishing_dir, write_json_atomic
 from autocompress.errors import AutoCompressError
@@ -20,17 +20,6 @@ from autocompress.training import (
     save_checkpoint,
     train,
 )
-
-
-def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
-    """Run ``autocompress ARGS`` as the console script does; (exit code, stderr)."""
-    from autocompress.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["autocompress", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    code = exit_info.value.code
-    return (0 if code is None else code), capsys.readouterr().err
 
 
 class Payload:

@@ -8,23 +8,12 @@ with exit 1, the code ``verify`` uses for "limit missed".
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
+from cli_runner import cli
 
 from autocompress.errors import AutoCompressError
-
-
-def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
-    """Run ``autocompress ARGS`` as the console script does; (exit code, stderr)."""
-    from autocompress.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["autocompress", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    code = exit_info.value.code
-    return (0 if code is None else code), capsys.readouterr().err
 
 
 def one_error(err: str) -> str:

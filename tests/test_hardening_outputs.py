@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import cli
 
 from autocompress.artifacts import sha256_path
 from autocompress.atomic import publishing_dir, write_json_atomic
@@ -28,17 +29,6 @@ from autocompress.errors import AutoCompressError
 from autocompress.paths import default_teacher_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
-    """Run ``autocompress ARGS`` as the console script does; (exit code, stderr)."""
-    from autocompress.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["autocompress", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    code = exit_info.value.code
-    return (0 if code is None else code), capsys.readouterr().err
 
 
 def one_error(err: str) -> str:

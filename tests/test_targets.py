@@ -8,9 +8,9 @@ costs a fixed call overhead (as on this CPU: depth is what costs), one where byt
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
+from cli_runner import cli
 
 from autocompress.arch_search.config import SearchConfig
 from autocompress.arch_search.context import SearchContext
@@ -259,15 +259,6 @@ def test_family_is_a_front_a_looser_budget_is_offered_the_tighter_picks(
                 f"pick under tpot_ms ≤ {tightest.budgets['tpot_ms']:.4g}")
             assert len(member.selection) > len({f["origin"] for f in member.selection
                                                 if f["origin"].startswith("pick under")})
-
-
-def cli(capsys, monkeypatch, *args) -> tuple[int, str]:
-    from autocompress.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["autocompress", *map(str, args)])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    return exit_info.value.code or 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [
