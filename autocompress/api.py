@@ -43,7 +43,8 @@ from autocompress.verify import VerifyReport
 
 # What a teacher may be: a model directory, ``default``, or an in-memory (model, tokenizer).
 TeacherLike = str | Path | tuple[Any, Any]
-Method = Literal["autocompress", "greedy", "random", "minitron"]  # defaults.METHODS
+Method = Literal["autocompress", "greedy", "random", "minitron", "minitron-scored",
+                 "mip"]  # defaults.METHODS (tests/test_api.py checks they agree)
 
 
 class SearchResult(BaseModel):
@@ -139,8 +140,10 @@ def search(
         budget_fraction: add a limit at this fraction of the teacher's predicted cost on
             the workload's main metric (e.g. 0.6).
         method: ``autocompress`` (DNAS + exact repair), ``greedy`` (repair from the
-            teacher, no DNAS), ``random`` (random search) or ``minitron`` (the fair
-            homogeneous baseline matched to the same limits).
+            teacher, no DNAS), ``random`` (random search), ``minitron`` (the fair
+            homogeneous baseline matched to the same limits), ``minitron-scored``
+            (Minitron's homogeneous grid through greedy's selection) or ``mip`` (block
+            scores and costs solved exactly as an integer program).
         corpus: corpus directory (default: the standard corpus, built on first use).
         cost_model: default: the target's saved fit, else the analytic model.
     """

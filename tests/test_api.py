@@ -75,3 +75,12 @@ def test_autocompress_search_is_the_api_function(tmp_path):
     with pytest.raises(AutoCompressError, match="no-such-teacher"):
         autocompress.search(tmp_path / "no-such-teacher", limits=autocompress.Limits(
             max_tpot_ms=1.0))
+
+
+def test_the_api_accepts_every_method_the_cli_runs():
+    from typing import get_args
+
+    from autocompress.api import Method
+    from autocompress.defaults import METHODS
+
+    assert set(get_args(Method)) == set(METHODS)

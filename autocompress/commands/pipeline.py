@@ -118,7 +118,9 @@ def run_command(
     method: str = typer.Option(
         DEFAULT_METHOD, "--method", help="How the architecture is found: autocompress (the "
         "search), greedy (repair from the teacher, no DNAS), random (random search, as many "
-        "scored architectures as the search) or minitron (the fair homogeneous baseline)."),
+        "scored architectures as the search), minitron (the fair homogeneous baseline), "
+        "minitron-scored (its homogeneous grid through greedy's selection) or mip (block "
+        "scores solved exactly as an integer program)."),
     baseline: bool = typer.Option(False, "--baseline",
                                   help="Also run the Minitron baseline for comparison."),
     seed: int | None = typer.Option(None, "--seed", help="Search and distillation seed "
