@@ -263,6 +263,12 @@ def test_an_unwritable_home_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("AUTOCOMPRESS_HOME", str(home))
     code, err = cli(capsys, monkeypatch, "data", "prepare")
     assert code == 2 and f"cannot write {home}" in one_error(err)
+    # A home that cannot even be made (its parent cannot exist): one line, not a crash.
+    home = Path("/proc/autocompress-no-such-process/home")
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(home))
+    code, err = cli(capsys, monkeypatch, "costmodel", "predict", "--model", "default",
+                    "--workload", "interactive-cpu")
+    assert code == 2 and f"cannot write {home} (the AutoCompress home)" in one_error(err)
 
 
 def test_strict_json_and_finite_limits(tmp_path, capsys, monkeypatch):
