@@ -53,6 +53,7 @@ from autocompress.arch_search.context import (
 from autocompress.arch_search.discretize import (
     CostTables,
     MeasuredKL,
+    checked_tables,
     feasible,
     measured_job_list,
     repair,
@@ -216,8 +217,7 @@ def run_random(ctx: SearchContext, limits: Limits, config: SearchConfig,
     started = time.perf_counter()
     budgets = check_reachable(ctx, limits)
     space = ctx.space
-    tables = CostTables(ctx.costs, list(budgets))
-    tables.check_memory(space.full_choice())  # exact memory if the fast mirror drifts
+    tables = checked_tables(space, ctx.costs, budgets)
     count = config.random.candidates or searched_count(space, config)
     pool, drawn = sample_choices(space, tables, budgets, count, config.dnas.seed, config.random)
     kl = MeasuredKL(ctx.masked, ctx.score_batches(config))

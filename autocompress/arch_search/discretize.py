@@ -137,6 +137,14 @@ class CostTables:
             self.exact_memory = True
 
 
+def checked_tables(space, costs, budgets: dict[str, float]) -> CostTables:
+    """Tables of ``budgets``' metrics, on the cost model's own memory if the fast path
+    disagrees with it on the space's full choice."""
+    tables = CostTables(costs, list(budgets))
+    tables.check_memory(space.full_choice())
+    return tables
+
+
 def _memory_tables(costs) -> dict[str, Any]:
     """Numpy copies of the cost model's activation-peak pieces."""
     return {

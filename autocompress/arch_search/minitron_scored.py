@@ -35,7 +35,7 @@ from autocompress.arch_search.context import (
     measured_loop,
     raise_unreachable,
 )
-from autocompress.arch_search.discretize import CostTables, MeasuredKL, feasible
+from autocompress.arch_search.discretize import CostTables, MeasuredKL, checked_tables, feasible
 from autocompress.arch_search.final_pick import FinalPick
 from autocompress.arch_search.minitron import Candidate, candidates
 from autocompress.arch_search.selection import Finalist, layers_kept
@@ -72,8 +72,7 @@ def run_minitron_scored(ctx: SearchContext, limits: Limits, config: SearchConfig
     started = time.perf_counter()
     budgets = check_reachable(ctx, limits)
     space = ctx.space
-    tables = CostTables(ctx.costs, list(budgets))
-    tables.check_memory(space.full_choice())  # exact memory if the fast mirror drifts
+    tables = checked_tables(space, ctx.costs, budgets)
     pool = candidates(space, ctx.importance, config.minitron)
     kl = MeasuredKL(ctx.masked, ctx.score_batches(config))
     final = FinalPick(ctx, config, progress, budgets=budgets)

@@ -53,6 +53,7 @@ from autocompress.arch_search.context import (
 from autocompress.arch_search.discretize import (
     CostTables,
     Scores,
+    checked_tables,
     feasible,
     measured_job_list,
     repair,
@@ -239,8 +240,7 @@ def solve(space: SearchSpace, costs, scores: Scores, budgets: dict[str, float],
           kept: int | None = None) -> list[Solved]:
     """Every hidden size's optimum within ``budgets`` (best first; [] if none), each checked
     with the exact tables (a choice they reject is cut off and its program re-solved)."""
-    tables = CostTables(costs, list(budgets))
-    tables.check_memory(space.full_choice())
+    tables = checked_tables(space, costs, budgets)
     found = []
     for h in range(len(space.hidden_options)):
         excluded: list[Choice] = []
