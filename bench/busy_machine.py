@@ -228,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --out {out} is a directory (fix: give a JSON file path)", file=sys.stderr)
         return 2
     args.workload = args.workload or DEFAULT_WORKLOAD
+    from autocompress.hardware import machine_summary  # lazy, like the imports above
+
+    machine = machine_summary()  # CPU, its flags, threads, load: machines here differ
     teacher, _ = load_causal_lm(resolve_model_dir(DEFAULT_TEACHER))
     params = sum(p.numel() for p in teacher.parameters())
     args.config = search_config(args.quick, params)
@@ -237,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded, _ = run_side("loaded", args.spinners, args, cost_model, ctx.importance)
     checks = verdict_of(quiet, loaded)
     print_table([quiet, loaded], checks)
-    result = {"benchmark": "busy_machine", "quick": args.quick, "workload": args.workload,
+    result = {"benchmark": "busy_machine", "quick": args.quick, "machine": machine,
+              "workload": args.workload,
               "budget_fraction": BUDGET_FRACTION, "cost_model": cost_model.version,
               "fit_s": round(fit_s, 1), "search_config": args.config.model_dump(mode="json"),
               "background_load": f"{args.spinners} process(es) spinning, one core each",
