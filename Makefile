@@ -48,8 +48,11 @@ browser:
 		--no-install-recommends chromium >/dev/null; } \
 		|| echo "chromium is missing (apt-get install chromium): tests/test_served.py will fail"
 
+# Two pytest workers (a module's tests stay together on one; the slow files start first,
+# see tests/conftest.py). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: venv browser
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
 	$(VENV)/bin/ruff check autocompress tasks flows tests bench lab

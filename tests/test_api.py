@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import autocompress
 from autocompress.modeling.tiny import tiny_model
 from bench.report import between_markers
@@ -26,6 +28,7 @@ TINY = {"costmodel": {"n_probes": 5, "repeats": 1},
         "distill": {"tokens": 20_000, "eval_batches": 2}, "eval_limit": 5, "verify": {"repeats": 3}}
 
 
+@pytest.mark.slow
 def test_the_readme_example_compresses_a_tiny_teacher(tmp_path, monkeypatch, tiny_corpus,
                                                        tiny_tokenizer, capsys):
     teacher = tmp_path / "teacher"

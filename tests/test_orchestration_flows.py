@@ -165,6 +165,7 @@ def _stage_runs(experiment: str, stage_name: str):
 # ---------------------------------------------------------------- tests
 
 
+@pytest.mark.slow
 def test_resume_reuses_finished_stages_and_restarts_from_checkpoint(env):
     FAIL_LATE_ONCE["armed"] = True
     with pytest.raises(RuntimeError, match="injected fault"):

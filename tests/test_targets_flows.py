@@ -64,11 +64,14 @@ def _search(ref) -> dict:
     return json.loads((fetch(ref) / "arch.search.json").read_text())
 
 
+@pytest.mark.slow
 def test_joint_and_pareto_flows_publish_a_verified_model_per_target_and_budget(flow_env):
     from flows.targets import budget_label, compress_joint, pareto, target_label
 
     # One architecture for two targets: every target's limits, one model, verified on each.
-    report = compress_joint(targets=TARGETS, budget_fraction=0.7, **flow_env)
+    # 0.8, not 0.7: on a loaded machine a 5-probe bf16 fit put the smallest reachable TPOT at
+    # 0.73 of the teacher's, and the joint search refused to start (this tests the plumbing).
+    report = compress_joint(targets=TARGETS, budget_fraction=0.8, **flow_env)
     out = report.outputs
     search = _search(out["arch"])
     assert search["kind"] == "joint-search" and search["meets_limits"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from typer.testing import CliRunner
 
 from autocompress.cli import app
@@ -14,6 +15,7 @@ TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
         "eval_batches": 1}
 
 
+@pytest.mark.slow
 def test_teacher_train_cli_runs_the_flow(tiny_corpus, tmp_path, monkeypatch, prefect_server):
     monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
