@@ -149,7 +149,8 @@ def search(
     """
     config = config or SearchConfig()
     ctx = SearchContext.build(teacher, target, workload, config=config, corpus_dir=corpus,
-                              cost_model=cost_model, progress=progress)
+                              cost_model=cost_model, progress=progress, limits=limits,
+                              budget_fraction=budget_fraction)
     return _search(ctx, ctx.resolve_limits(limits, budget_fraction), method, config, progress)
 
 
@@ -216,16 +217,18 @@ def _run_recipe(model: Any, tokenizer: Any, teacher_dir: Path, corpus_dir: Path,
                                            config.settings("validation", params))
         if failures:
             raise recipe.gate_error(cost_model, failures, "CompressResult.validation")
+    search_settings = config.settings("search", params)
+    # Limits nothing in the space can meet stop here, before importance and the search.
+    resolved = recipe.reachable_limits(model.config, cost_model, workload, limits,
+                                       search_settings, budget_fraction)
     importance_settings = config.settings("importance", params).model_copy(
         update={"corpus_dir": str(corpus_dir)})
-    search_settings = config.settings("search", params)
     ctx = SearchContext.build((model, tokenizer), target, workload, config=search_settings,
                               corpus_dir=corpus_dir, cost_model=cost_model, progress=progress,
                               importance=recipe.teacher_importance(model, tokenizer,
                                                                    importance_settings,
                                                                    progress))
     ctx.teacher_dir = str(teacher_dir)
-    resolved = ctx.resolve_limits(limits, budget_fraction)
     verify_settings = config.settings("verify", params) if config.verify else VerifyOptions()
     # The teacher is timed before the search: its reading checks carried limits early.
     teacher_timing = verify(teacher_dir, cost_model.target, ctx.workload, resolved,

@@ -3,6 +3,9 @@
     teacher ─► corpus ─► cost model (fit ─► gate) ─► limits ─► time the teacher
             ─► importance ─► search ─► prune ─► distill ─► evaluate ─► verify ─► register
 
+Limits no architecture of the search space can meet stop the run at the limits step
+(``reachable_limits``), before the teacher is timed, before importance and the search.
+
 ``autocompress.compress`` runs these steps in one process; the ``compress`` flow runs
 each as a Prefect stage (``tasks/``) with caching, retries and MLflow. Both call the
 functions here and take each stage's settings from ``stage_config.stage_settings`` (the
@@ -13,10 +16,13 @@ an orchestrator can: the profile of the machine as a cached artifact, the regist
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from autocompress.arch_search.config import SearchConfig
+from autocompress.arch_search.context import check_limits_early
 from autocompress.costmodel.gate import judge_with_retries
 from autocompress.costmodel.model import CostModel
 from autocompress.costmodel.target import Target
@@ -30,6 +36,8 @@ from autocompress.importance import (
     compute_importance,
 )
 from autocompress.limits import Limits, check_same_host
+from autocompress.modeling import arch_spec_of
+from autocompress.modeling.loading import load_config
 from autocompress.stage_config import FitOptions, ValidationOptions
 
 # The steps in the order both runners take them (the flow's step names).
@@ -113,6 +121,20 @@ def gate_error(model: CostModel, failures: list[str], where: str) -> AutoCompres
         f"(report: {where})",
         "refit with more probes/repeats (options.costmodel), or relax "
         "options.validation.max_mape / min_kendall_tau")
+
+
+def reachable_limits(teacher: Any, cost_model: CostModel, workload: str | Workload,
+                     limits: Limits | None, search: SearchConfig,
+                     budget_fraction: float | None = None) -> Limits:
+    """The limits step: ``limits`` resolved (``budget_fraction``: of the teacher's predicted
+    cost), refused with the smallest reachable costs when no architecture of ``search``'s
+    space meets them. ``teacher``: its config or its model directory (the weights are not
+    read), so a run with limits nothing can meet stops in a fraction of a second, not
+    after importance."""
+    config = load_config(teacher)[1] if isinstance(teacher, str | Path) else teacher
+    spec = arch_spec_of(config)
+    wl = get_workload(workload) if isinstance(workload, str) else workload
+    return check_limits_early(spec, search.space, cost_model, wl, limits, budget_fraction)
 
 
 def check_teacher_reading(limits: Limits, teacher_measured: Mapping[str, float],

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
+from autocompress import recipe
 from autocompress.arch_search import budgets
 from autocompress.arch_search.config import SearchConfig
 from autocompress.arch_search.context import SearchContext
@@ -110,20 +111,27 @@ def minitron_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
 
 @stage("limits")
 def resolve_limits(ctx: StageContext, teacher: ArtifactRef, costmodel: ArtifactRef,
-                   workload: str, limits: Limits, budget_fraction: float | None) -> Limits:
+                   workload: str, limits: Limits, budget_fraction: float | None,
+                   search_options: dict | None = None) -> Limits:
     """``search.budgets.resolve_limits`` with the teacher's cost predicted by the flow's
-    cost model."""
+    cost model. With ``search_options`` (the search stage's options), also
+    ``recipe.reachable_limits``: limits no architecture of that space meets are refused
+    here, before importance and the search."""
     wl = get_workload(workload)
     predicted: dict[str, float] = {}
+    model = CostModel.load(ctx.fetch(costmodel))
+    config = AutoConfig.from_pretrained(ctx.fetch(teacher))
 
     def teacher_costs() -> dict[str, float]:
-        model = CostModel.load(ctx.fetch(costmodel))
-        spec = arch_spec_of(AutoConfig.from_pretrained(ctx.fetch(teacher)))
-        predicted.update(model.predict(spec, wl).metrics())
+        predicted.update(model.predict(arch_spec_of(config), wl).metrics())
         return predicted
 
     resolved = budgets.resolve_limits(limits, budget_fraction, teacher_costs, wl)
     if predicted:
         ctx.log_params({"limits": resolved.model_dump(exclude_none=True),
                         "teacher_predicted": predicted})
+    if search_options is not None:
+        search: SearchConfig = stage_settings("search", search_options,
+                                              teacher.metrics.get("params"))
+        recipe.reachable_limits(config, model, wl, resolved, search)
     return resolved

@@ -1,12 +1,14 @@
 """What every method searches on, and the checks they share.
 
-``SearchContext.build`` loads the teacher, its importance (computed on the
-calibration split if not given), the cost model of the target and the search
-space with its cost tables. Around it: measured scores of single-option changes
-(``scores_at``, ``teacher_scores``), the short distillation that ranks a short list
-(``short_distill``), timing on the target (``spec_timer``, ``measured_loop``) and the
-budget checks (``check_reachable``, ``final_check``). The search (``run``), its
-ablations (``ablations``), the joint search and the Pareto family all build on these.
+``SearchContext.build`` loads the teacher, the cost model of the target, the cost
+tables of the search space, its importance (computed on the calibration split if not
+given) and the space's masks. Limits are checked before importance, on the space's
+shape alone (``check_limits_early``): no heavy work runs for limits nothing can meet.
+Around it: measured scores of single-option changes (``scores_at``, ``teacher_scores``),
+the short distillation that ranks a short list (``short_distill``), timing on the
+target (``spec_timer``, ``measured_loop``) and the budget checks (``check_reachable``,
+``final_check``). The search (``run``), its ablations (``ablations``), the joint search
+and the Pareto family all build on these.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ from autocompress.arch_search.measured import (
     closed_loop,
     measure_spec,
 )
+from autocompress.arch_search.options import SpaceConfig
 from autocompress.arch_search.selection import short_distill_scores
-from autocompress.arch_search.space import Choice, SearchSpace
+from autocompress.arch_search.space import Choice, SearchSpace, SpaceShape
 from autocompress.costmodel.model import CostModel
 from autocompress.costmodel.target import Target
-from autocompress.costmodel.workload import get_workload
+from autocompress.costmodel.workload import Workload, get_workload
 from autocompress.data.corpus import ensure_corpus
 from autocompress.data.tokens import PackedTokens
 from autocompress.errors import AutoCompressError
@@ -79,10 +82,15 @@ class SearchContext:
         corpus_dir: str | Path | None = None,
         cost_model: Any = None,
         progress: bool = True,
+        limits: Limits | None = None,
+        budget_fraction: float | None = None,
     ) -> SearchContext:
         """Load everything; ``teacher`` is a directory, ``default`` or ``(model, tokenizer)``.
 
         ``target`` None (and no ``cost_model``): no cost model (parameter-targeted baseline).
+        ``limits`` / ``budget_fraction``: the limits the caller will search under, refused
+        before importance is computed when no architecture of the space meets them (the
+        caller still resolves them with ``resolve_limits``).
         """
         config = config or SearchConfig()
         if config.threads:
@@ -96,6 +104,14 @@ class SearchContext:
         if tokenizer is None:
             raise AutoCompressError("the teacher has no tokenizer, so calibration text cannot be "
                                     "tokenized", hint="save the tokenizer into the model directory")
+        spec = arch_spec_of(model)
+        if cost_model is None and target is not None:
+            cost_model = CostModel.for_target(Target.parse(target))
+        wl = get_workload(workload) if isinstance(workload, str) else workload
+        has_costs = cost_model is not None and bool(wl)
+        if has_costs and (limits is not None or budget_fraction is not None):
+            # Before the corpus and importance: unreachable limits stop here (~0.1 s).
+            check_limits_early(spec, config.space, cost_model, wl, limits, budget_fraction)
         calib = config.calibration
         corpus_arg = corpus_dir or calib.corpus_dir
         corpus = ensure_corpus(Path(corpus_arg) if corpus_arg else None)
@@ -107,12 +123,8 @@ class SearchContext:
                                             progress=progress and interactive())
         elif not isinstance(importance, Importance):
             importance = Importance.load(importance)
-        spec = arch_spec_of(model)
         space = SearchSpace.build(spec, importance, config.space)
-        if cost_model is None and target is not None:
-            cost_model = CostModel.for_target(Target.parse(target))
-        wl = get_workload(workload) if isinstance(workload, str) else workload
-        costs = space.cost_tables(cost_model, wl) if cost_model is not None and wl else None
+        costs = space.cost_tables(cost_model, wl) if has_costs else None
         return cls(model=model, tokenizer=tokenizer, importance=importance, space=space,
                    masked=MaskedTeacher(model, space), cost_model=cost_model, workload=wl,
                    costs=costs, corpus_dir=corpus, teacher_dir=teacher_dir)
@@ -292,10 +304,33 @@ def final_check(ctx: SearchContext, spec: ArchSpec, limits: Limits):
 def check_reachable(ctx: SearchContext, limits: Limits) -> dict[str, float]:
     """The budgets of ``limits``; an error naming the smallest reachable costs when the
     space cannot meet them."""
-    budgets = budgets_from_limits(limits, ctx.workload)
-    smallest = smallest_reachable(ctx.space, ctx.costs, list(budgets))
+    return reachable_budgets(ctx.space, ctx.costs, ctx.workload, limits)
+
+
+def check_limits_early(teacher: ArchSpec, space: SpaceConfig, cost_model: Any,
+                       workload: Workload, limits: Limits | None,
+                       budget_fraction: float | None = None) -> Limits:
+    """``limits`` resolved (``budget_fraction``: of the teacher's predicted cost) and
+    checked against the space of ``teacher`` before importance is computed: the same
+    error as ``check_reachable`` when no architecture of the space meets them.
+
+    Needs only the teacher's shape: a block's cost depends on how many channels it
+    keeps, never on which, so the space's options (``SpaceShape``) price every choice.
+    """
+    resolved = resolve_limits(limits, budget_fraction,
+                              lambda: cost_model.predict(teacher, workload).metrics(), workload)
+    shape = SpaceShape.build(teacher, space)
+    reachable_budgets(shape, shape.cost_tables(cost_model, workload), workload, resolved)
+    return resolved
+
+
+def reachable_budgets(space: SpaceShape, costs: Any, workload: Workload,
+                      limits: Limits) -> dict[str, float]:
+    """``check_reachable`` on a space's options and cost tables (no importance needed)."""
+    budgets = budgets_from_limits(limits, workload)
+    smallest = smallest_reachable(space, costs, list(budgets))
     if any(smallest[m] > b for m, b in budgets.items()):
-        raise_unreachable(ctx, limits, budgets, smallest)
+        raise unreachable_error(limits, budgets, smallest, workload)
     return budgets
 
 
@@ -307,12 +342,19 @@ def raise_unreachable(ctx, limits, budgets, smallest=None, as_measured=False) ->
             "corrected by its measured error are below the smallest reachable costs",
             hint="loosen the limits, or refit the cost model (autocompress costmodel fit)")
     smallest = smallest or smallest_reachable(ctx.space, ctx.costs, list(budgets))
+    raise unreachable_error(limits, budgets, smallest, ctx.workload)
+
+
+def unreachable_error(limits: Limits, budgets: dict[str, float], smallest: dict[str, float],
+                      workload: Workload) -> AutoCompressError:
+    """The one line that names, per budget, whether it is reachable and the smallest
+    reachable cost."""
     parts = []
     for m, b in budgets.items():
         status = "unreachable" if smallest[m] > b else "reachable alone"
         parts.append(f"{m} <= {b:.4g} ({status}; smallest reachable: "
-                     f"{reachable_text(m, smallest[m], limits, ctx.workload)})")
-    raise AutoCompressError(
+                     f"{reachable_text(m, smallest[m], limits, workload)})")
+    return AutoCompressError(
         "no architecture in the search space meets every limit: " + "; ".join(parts),
         hint="loosen the limits, or widen the space (smaller hidden/FFN fractions, no-op blocks)",
     )

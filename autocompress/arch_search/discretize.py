@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from autocompress.arch import LayerSpec
-from autocompress.arch_search.space import Choice, SearchSpace
+from autocompress.arch_search.space import Choice, SearchSpace, SpaceShape
 from autocompress.losses import kd_loss
 
 EPS = 1e-12
@@ -570,8 +570,9 @@ def _legalize(space: SearchSpace, choice: Choice) -> Choice:
 # -------------------------------------------------------------- infeasibility
 
 
-def smallest_reachable(space: SearchSpace, costs, metrics: list[str]) -> dict[str, float]:
-    """Per metric, the smallest value any legal choice of the space reaches."""
+def smallest_reachable(space: SpaceShape, costs, metrics: list[str]) -> dict[str, float]:
+    """Per metric, the smallest value any legal choice of the space reaches (its options
+    and cost tables are enough: no masks, so no importance needed)."""
     tables = CostTables(costs, metrics)
     out = {}
     for m in metrics:

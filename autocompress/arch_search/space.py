@@ -25,11 +25,14 @@ pruned model's output exactly (``autocompress.arch_search.masked``).
 Every layer has the same list of options (the cost model's tables need equal
 lengths); options a layer may not take (a protected layer's no-op) are marked
 in ``allowed_attention`` / ``allowed_ffn``.
+
+The options and those marks alone (``SpaceShape``) do not depend on importance: they
+are all that the cost tables and the check of the limits need, before importance exists.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -62,14 +65,13 @@ class Choice:
 
 
 @dataclass
-class SearchSpace:
-    """Options and their masks for one teacher.
+class SpaceShape:
+    """The options of one teacher's space and which layer may take which, without masks.
 
-    Shapes (L layers, h hidden, I FFN width, n_q query heads, V KV variants):
-    ``hidden_masks [H, h]``, ``ffn_masks [L, Kf, I]``,
-    ``head_masks [L, Ka, V, n_q]`` (option k's kept query heads, in the row of
-    its KV variant), ``attention_alive [Ka]`` / ``ffn_alive [Kf]`` (1 unless the
-    option is the no-op), ``allowed_attention [L, Ka]`` / ``allowed_ffn [L, Kf]``.
+    Everything the cost tables and the reachability check need: it depends on the
+    teacher's shape and ``config`` only, not on which channels importance keeps, so limits
+    no architecture can meet are refused before importance is computed
+    (``context.check_limits_early``). ``SearchSpace`` adds the masks.
     """
 
     teacher: ArchSpec
@@ -78,62 +80,45 @@ class SearchSpace:
     attention_options: list[AttentionSpec | None]
     ffn_options: list[FFNSpec | None]
     kv_variants: list[int]
-    hidden_masks: torch.Tensor
-    ffn_masks: torch.Tensor
-    head_masks: torch.Tensor
-    attention_alive: torch.Tensor
-    ffn_alive: torch.Tensor
     allowed_attention: torch.Tensor
     allowed_ffn: torch.Tensor
 
-    # ------------------------------------------------------------- building
     @classmethod
-    def build(
-        cls, teacher: ArchSpec, importance: Importance, config: SpaceConfig | None = None
-    ) -> SearchSpace:
-        """The space of ``teacher`` (a homogeneous Llama-family spec) under ``config``."""
+    def build(cls, teacher: ArchSpec, config: SpaceConfig | None = None) -> SpaceShape:
+        """The options of ``teacher`` (a homogeneous Llama-family spec) under ``config``."""
         config = config or SpaceConfig()
-        _check_teacher(teacher, importance)
-        att0 = teacher.layers[0].attention
+        _check_teacher(teacher)
         hidden, attention_opts, ffn_opts = space_options(teacher, config)
-        ffn_widths = [o.intermediate_size for o in ffn_opts if o is not None]
-        variants = sorted({a.num_kv_heads for a in attention_opts if a is not None},
-                          reverse=True)
-
-        space = cls(
+        shape = cls(
             teacher=teacher,
             config=config,
             hidden_options=hidden,
             attention_options=attention_opts,
             ffn_options=ffn_opts,
-            kv_variants=variants,
-            hidden_masks=_prefix_masks(importance.hidden_order(), hidden),
-            ffn_masks=torch.stack(
-                [_prefix_masks(importance.ffn_order(i), ffn_widths, len(ffn_opts))
-                 for i in range(teacher.num_layers)]
-            ),
-            head_masks=torch.stack(
-                [_head_masks(importance, i, att0, attention_opts, variants)
-                 for i in range(teacher.num_layers)]
-            ),
-            attention_alive=torch.tensor([0.0 if o is None else 1.0 for o in attention_opts]),
-            ffn_alive=torch.tensor([0.0 if o is None else 1.0 for o in ffn_opts]),
+            kv_variants=sorted({a.num_kv_heads for a in attention_opts if a is not None},
+                               reverse=True),
             allowed_attention=torch.ones(teacher.num_layers, len(attention_opts), dtype=torch.bool),
             allowed_ffn=torch.ones(teacher.num_layers, len(ffn_opts), dtype=torch.bool),
         )
+        shape._forbid_no_ops()
+        return shape
+
+    def _forbid_no_ops(self) -> None:
+        """Mark the no-ops a layer may not take: the protected first and last layers', and
+        those the export engine cannot run without a costly stand-in."""
+        config, teacher = self.config, self.teacher
         if config.protect_first_last:
             for layer in {0, teacher.num_layers - 1}:
                 if config.allow_no_attention:
-                    space.allowed_attention[layer, -1] = False
+                    self.allowed_attention[layer, -1] = False
                 if config.allow_no_ffn:
-                    space.allowed_ffn[layer, -1] = False
-        if config.export_engine:  # no-ops that engine cannot run without a costly stand-in
+                    self.allowed_ffn[layer, -1] = False
+        if config.export_engine:
             for kind, layer in banned_no_ops(config.export_engine, teacher):
                 if kind == "attention" and config.allow_no_attention:
-                    space.allowed_attention[layer, -1] = False
+                    self.allowed_attention[layer, -1] = False
                 if kind == "ffn" and config.allow_no_ffn:
-                    space.allowed_ffn[layer, -1] = False
-        return space
+                    self.allowed_ffn[layer, -1] = False
 
     # ------------------------------------------------------------ queries
     @property
@@ -182,24 +167,70 @@ class SearchSpace:
         }
 
 
+@dataclass
+class SearchSpace(SpaceShape):
+    """A ``SpaceShape`` with the masks of its options for one teacher's importance.
+
+    Shapes (L layers, h hidden, I FFN width, n_q query heads, V KV variants):
+    ``hidden_masks [H, h]``, ``ffn_masks [L, Kf, I]``,
+    ``head_masks [L, Ka, V, n_q]`` (option k's kept query heads, in the row of
+    its KV variant), ``attention_alive [Ka]`` / ``ffn_alive [Kf]`` (1 unless the
+    option is the no-op), ``allowed_attention [L, Ka]`` / ``allowed_ffn [L, Kf]``.
+    """
+
+    hidden_masks: torch.Tensor
+    ffn_masks: torch.Tensor
+    head_masks: torch.Tensor
+    attention_alive: torch.Tensor
+    ffn_alive: torch.Tensor
+
+    @classmethod
+    def build(
+        cls, teacher: ArchSpec, importance: Importance, config: SpaceConfig | None = None
+    ) -> SearchSpace:
+        """The space of ``teacher`` (a homogeneous Llama-family spec) under ``config``."""
+        shape = SpaceShape.build(teacher, config)
+        _check_importance(teacher, importance)
+        att0 = teacher.layers[0].attention
+        attention_opts, ffn_opts = shape.attention_options, shape.ffn_options
+        ffn_widths = [o.intermediate_size for o in ffn_opts if o is not None]
+        return cls(
+            **{f.name: getattr(shape, f.name) for f in fields(SpaceShape)},
+            hidden_masks=_prefix_masks(importance.hidden_order(), shape.hidden_options),
+            ffn_masks=torch.stack(
+                [_prefix_masks(importance.ffn_order(i), ffn_widths, len(ffn_opts))
+                 for i in range(teacher.num_layers)]
+            ),
+            head_masks=torch.stack(
+                [_head_masks(importance, i, att0, attention_opts, shape.kv_variants)
+                 for i in range(teacher.num_layers)]
+            ),
+            attention_alive=torch.tensor([0.0 if o is None else 1.0 for o in attention_opts]),
+            ffn_alive=torch.tensor([0.0 if o is None else 1.0 for o in ffn_opts]),
+        )
+
+
 # ------------------------------------------------------------------ helpers
 
 
-def _check_teacher(teacher: ArchSpec, importance: Importance) -> None:
+def _check_teacher(teacher: ArchSpec) -> None:
     first = teacher.layers[0] if teacher.layers else None
     if not teacher.is_homogeneous() or first is None:
         raise AutoCompressError(
             "the search needs a homogeneous teacher (the same attention and FFN in every layer)",
             hint="search from the original (uncompressed) model",
         )
+    att = first.attention
+    if att.num_heads % att.num_kv_heads:
+        raise AutoCompressError(f"teacher has {att.num_heads} heads for {att.num_kv_heads} groups")
+
+
+def _check_importance(teacher: ArchSpec, importance: Importance) -> None:
     if importance.arch.model_dump() != teacher.model_dump():
         raise AutoCompressError(
             "the importance scores were computed on a model of a different shape",
             hint="recompute importance on this teacher (`autocompress importance`)",
         )
-    att = first.attention
-    if att.num_heads % att.num_kv_heads:
-        raise AutoCompressError(f"teacher has {att.num_heads} heads for {att.num_kv_heads} groups")
 
 
 def _prefix_masks(order: torch.Tensor, sizes: list[int], rows: int | None = None) -> torch.Tensor:

@@ -171,7 +171,7 @@ def search_command(
         search_config.space.export_engine = engine
     check_out_file(out)
     ctx = SearchContext.build(model, target, workload, search_config, importance=importance,
-                              corpus_dir=data)
+                              corpus_dir=data, limits=limits, budget_fraction=budget_fraction)
     limits = ctx.resolve_limits(limits, budget_fraction)
     report = search_to_file(ctx, limits, out, search_config, work_dir=settings.work_dir)
     _print_result(report, out, "searched architecture")
