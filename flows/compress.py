@@ -158,8 +158,10 @@ def compress(
         validation = step("validation", validate_costmodel, costmodel=costmodel,
                           teacher=teacher_ref, workload=workload,
                           options=options.get("validation", {}))
+        # Limits no architecture of the search space meets stop here, before any heavy step.
         limits = step("limits", resolve_limits, teacher=teacher_ref, costmodel=costmodel,
-                      workload=workload, limits=limits, budget_fraction=budget_fraction)
+                      workload=workload, limits=limits, budget_fraction=budget_fraction,
+                      search_options=options.get("search", {}))
         measure = dict(costmodel=costmodel, target=target, workload=workload, limits=limits,
                        machine=machine, options=options.get("verify", {}))
         # The teacher is timed before any search: carried limits are checked against it.
