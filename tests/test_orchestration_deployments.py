@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -144,6 +145,57 @@ def test_work_pools_and_kubernetes_gpu_template(deployments):
             validate(pool.get("job_variables", {}), variables, raise_on_error=True,
                      preprocess=True, ignore_required=True)
 
+
+
+def test_the_kubernetes_template_lets_no_flow_run_choose_what_runs():
+    """The rule of ``autocompress serve``'s process pools (``serve.LOCKED_JOB_VARIABLES``)
+    holds for the Kubernetes template: no ``command``/``env`` variable, no placeholder
+    for one, and the variables schema refuses any name it does not list (#54)."""
+    import re
+
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    from autocompress.commands.serve import LOCKED_JOB_VARIABLES
+
+    text = K8S_TEMPLATE.read_text()
+    template = json.loads(text)
+    variables = template["variables"]
+    assert variables["additionalProperties"] is False
+    locked = [key for key in LOCKED_JOB_VARIABLES if key != "working_dir"]  # process-only
+    for key in locked:
+        assert key not in variables["properties"] and key not in template["job_configuration"]
+    container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"][
+        "containers"][0]
+    assert "args" not in container and "command" not in container and "env" not in container
+    # Every placeholder names a variable, so none is left for an override to fill.
+    placeholders = set(re.findall(r"{{\s*(\w+)\s*}}", text))
+    assert placeholders <= set(variables["properties"]), placeholders
+    for override in ({"command": "sh -c 'id > ~/pwned'"}, {"env": {"LD_PRELOAD": "/tmp/x"}}):
+        with pytest.raises(ValidationError):  # what the API runs on create_flow_run
+            validate(override, variables, raise_on_error=True, preprocess=True,
+                     ignore_required=True)
+    validate({"gpu": 0, "memory": "8Gi"}, variables, raise_on_error=True, preprocess=True,
+             ignore_required=True)  # the pool's own settings are still variables
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="the opt-in filter is a jq program")
+def test_the_kubernetes_opt_in_gives_back_command_and_env_only():
+    """infra/k8s/allow-job-overrides.jq (the README's opt-in) re-opens exactly the two
+    variables: the result is a valid pool template whose pods are those of before."""
+    import subprocess
+
+    from prefect.server.schemas.actions import WorkPoolCreate
+    from prefect.utilities.schema_tools import validate
+
+    opened = json.loads(subprocess.run(
+        ["jq", "-f", str(K8S_TEMPLATE.with_name("allow-job-overrides.jq")), str(K8S_TEMPLATE)],
+        check=True, capture_output=True, text=True).stdout)
+    WorkPoolCreate(name="accelerator", type="kubernetes", base_job_template=opened)
+    validate({"command": "python -m x", "env": {"A": "b"}}, opened["variables"],
+             raise_on_error=True, preprocess=True, ignore_required=True)
+    closed = json.loads(K8S_TEMPLATE.read_text())
+    assert set(opened["variables"]["properties"]) - set(closed["variables"]["properties"]) \
+        == {"command", "env"}
 
 def test_compose_file_has_the_services_it_promises():
     compose = yaml.safe_load((ROOT / "infra" / "docker-compose.yml").read_text())
