@@ -37,6 +37,7 @@ from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
 from autocompress.model_source import resolve_model_dir
 from autocompress.paths import default_corpus_dir
+from autocompress.profiles import get_profile, with_profile
 from autocompress.stage_config import STAGE_CONFIGS, check_eval_config, check_options
 from autocompress.tracking import Lineage
 from flows.common import FlowReport, Steps, finish_report, new_report, refs_of, tracked_flow
@@ -93,6 +94,7 @@ def compress(
     placement: dict[str, str] | None = None,
     trigger_event: str | None = None,
     limits_origin: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> FlowReport:
     """Compress ``teacher`` to meet ``limits`` on ``target`` for ``workload``.
 
@@ -127,19 +129,24 @@ def compress(
             {metric: value}}`` (``bench compare --limits-from``): the run stops right after
             timing the teacher if this host reads it more than 10% away
             (``limits.check_same_host``), before any search or training.
+        profile: size every stage at once (``autocompress.profiles``): ``tiny`` makes a
+            real run that fits a test; None or ``full``: each stage's defaults. Explicit
+            ``options``, ``eval_limit`` and ``eval_config`` win over the profile's.
     """
 
     started = time.perf_counter()
     limits = check_limits(limits, budget_fraction)
     if method not in METHODS:
         raise AutoCompressError(f"unknown method {method!r}", f"use one of {', '.join(METHODS)}")
-    options = seeded(options, seed)
-    eval_config = check_eval_config(eval_config)
+    sizes = get_profile(profile)
+    options = seeded(with_profile(options, sizes), seed)
+    eval_limit = eval_limit if eval_limit is not None else sizes.eval_limit
+    eval_config = check_eval_config({**sizes.eval_config, **(eval_config or {})})
     params = {"teacher": teacher, "target": target, "workload": workload,
               "limits": limits.model_dump(exclude_none=True),
               "budget_fraction": budget_fraction, "baseline": baseline, "method": method,
               "seed": seed, "eval_tasks": eval_tasks, "eval_limit": eval_limit,
-              "options": options}
+              "options": options, "profile": profile}
     tags = {"autocompress.trigger_event": trigger_event} if trigger_event else None
     with tracked_flow("compress", params, experiment, store, track, tags=tags) as run:
         report = new_report("compress", run)
