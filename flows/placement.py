@@ -11,6 +11,12 @@ comes back through Prefect's result storage (S3 when the store is S3).
 The stage keeps its cache key wherever it runs, so a placed step that already
 finished (on any worker) comes back as a cache hit, and a retried flow run
 re-runs only what failed.
+
+A placed step that no worker of its pool takes within ``placement_timeout_s()``
+(``AUTOCOMPRESS_PLACEMENT_TIMEOUT_S``, default 30 minutes: time for a cluster to
+bring up a GPU node) is cancelled and fails its parent with one line naming the
+pool; once a worker is there, retrying the parent resumes from the cached stages.
+A step that a worker took is never timed out here: distillation may take hours.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 import socket
+import time
 import typing
 from typing import Any
 
@@ -32,6 +39,22 @@ STAGE_FLOW = "stage"
 # parameter never makes a worker import arbitrary code.
 STAGE_PACKAGES = ("tasks.", "flows.")
 POLL_SECONDS = 1.0
+TIMEOUT_ENV = "AUTOCOMPRESS_PLACEMENT_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def placement_timeout_s() -> float:
+    """How long a placed step may wait for a worker of its pool to take it."""
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise AutoCompressError(f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds",
+                                f"set e.g. {TIMEOUT_ENV}=600, or unset it for "
+                                f"{DEFAULT_TIMEOUT_S:.0f} s")
+    return value
 
 
 def stage_path(stage: Stage) -> str:
@@ -86,19 +109,46 @@ def run_placed(stage: Stage, kwargs: dict[str, Any], run: RunInfo, pool: str,
     """Run ``stage(**kwargs)`` as a ``stage/<pool>`` flow run; wait; return its outcome.
 
     Returns (state name, result, worker facts). A failed or crashed placed run
-    raises, which fails the calling flow run like a failed in-process stage.
+    raises, which fails the calling flow run like a failed in-process stage; so
+    does a placed run that no worker takes in time (``placement_timeout_s``).
     """
     from prefect.deployments import run_deployment
 
+    timeout = placement_timeout_s()
     flow_run = run_deployment(
         f"{STAGE_FLOW}/{pool}",
         parameters={"stage": stage_path(stage), "inputs": kwargs, "run": run},
-        flow_run_name=f"{step}@{pool}", poll_interval=POLL_SECONDS, as_subflow=True,
+        flow_run_name=f"{step}@{pool}", as_subflow=True, timeout=0,
     )
-    state = flow_run.state
-    if state is None or not state.is_completed():
-        name = state.name if state is not None else "unknown"
-        raise RuntimeError(f"step {step!r} on pool {pool!r} ended {name} "
-                           f"(flow run {flow_run.id}): {state.message if state else ''}")
+    state = wait_for_placed(flow_run.id, pool, step, timeout)
+    if not state.is_completed():
+        raise RuntimeError(f"step {step!r} on pool {pool!r} ended {state.name} "
+                           f"(flow run {flow_run.id}): {state.message or ''}")
     outcome = state.result()
     return outcome["state"], outcome["result"], outcome["worker"]
+
+
+def wait_for_placed(flow_run_id, pool: str, step: str, timeout: float):
+    """The final state of a placed flow run; cancel it if no worker took it in ``timeout`` s.
+
+    A run is taken once a worker moves it out of Scheduled (to Pending). An untaken run
+    is cancelled before raising, so that a worker joining later does not run a step
+    whose parent has given up on it (the retried parent places the step anew).
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            state = client.read_flow_run(flow_run_id).state
+            if state is not None and state.is_final():
+                return state
+            untaken = state is None or state.is_scheduled()
+            if untaken and time.monotonic() > deadline:
+                why = f"no worker of pool {pool!r} took step {step!r} in {timeout:.0f} s"
+                client.set_flow_run_state(flow_run_id, Cancelled(message=why), force=True)
+                raise AutoCompressError(
+                    why, f"start one (`prefect worker start --pool {pool}`, see "
+                    f"docs/served.md), then retry this flow run; or raise {TIMEOUT_ENV}")
+            time.sleep(POLL_SECONDS)

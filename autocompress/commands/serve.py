@@ -55,8 +55,10 @@ def serve(
                                     "not started when MLFLOW_TRACKING_URI is http(s)."),
     home: Path = typer.Option(None, help="Where the servers and workers keep their state "
                               "(default $AUTOCOMPRESS_HOME/serve)."),
-    worker: list[str] = typer.Option(None, help="Start a worker for this pool (repeatable; "
-                                     "default: one per pool in the file)."),
+    worker: list[str] = typer.Option(None, "--workers", "--worker",
+                                     help="Pools to start a worker for, comma-separated or "
+                                     "repeated (--workers cpu,accelerator; default: one per "
+                                     "pool in the file)."),
     no_worker: bool = typer.Option(False, "--no-worker", help="Start no worker."),
     allow_job_overrides: bool = typer.Option(
         False, "--allow-job-overrides",
@@ -80,7 +82,7 @@ def serve(
     spec = _read_spec(file)
     root = (home or ac_home() / "serve").resolve()
     pools = _pools(spec)
-    workers = [] if no_worker else (worker or pools)
+    workers = [] if no_worker else (named_pools(worker) or pools)
     unknown = sorted(set(workers) - set(pools))
     if unknown:
         raise AutoCompressError(f"no deployment in {file} uses pool(s) {unknown}",
@@ -128,6 +130,12 @@ def _read_spec(file: Path) -> dict:
     if not isinstance(spec, dict) or not spec.get("deployments"):
         raise AutoCompressError(f"{file} defines no deployments", "see prefect.yaml in the repo")
     return spec
+
+
+def named_pools(values: list[str] | None) -> list[str]:
+    """``--workers cpu,accelerator --workers x`` as ``[cpu, accelerator, x]`` (no repeats)."""
+    names = (name.strip() for value in values or [] for name in value.split(","))
+    return list(dict.fromkeys(name for name in names if name))
 
 
 def _pools(spec: dict) -> list[str]:
