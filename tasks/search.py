@@ -14,10 +14,9 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from autocompress import recipe
 from autocompress.arch_search import budgets
 from autocompress.arch_search.config import SearchConfig
-from autocompress.arch_search.context import SearchContext
+from autocompress.arch_search.context import SearchContext, check_limits_early
 from autocompress.arch_search.run import method_to_file, minitron_to_file, search_to_file
 from autocompress.artifacts import ArtifactRef
 from autocompress.costmodel import CostModel, get_workload
@@ -115,7 +114,7 @@ def resolve_limits(ctx: StageContext, teacher: ArtifactRef, costmodel: ArtifactR
                    search_options: dict | None = None) -> Limits:
     """``search.budgets.resolve_limits`` with the teacher's cost predicted by the flow's
     cost model. With ``search_options`` (the search stage's options), also
-    ``recipe.reachable_limits``: limits no architecture of that space meets are refused
+    ``check_limits_early``: limits no architecture of that space meets are refused
     here, before importance and the search."""
     wl = get_workload(workload)
     predicted: dict[str, float] = {}
@@ -133,5 +132,5 @@ def resolve_limits(ctx: StageContext, teacher: ArtifactRef, costmodel: ArtifactR
     if search_options is not None:
         search: SearchConfig = stage_settings("search", search_options,
                                               teacher.metrics.get("params"))
-        recipe.reachable_limits(config, model, wl, resolved, search)
+        check_limits_early(arch_spec_of(config), search.space, model, wl, resolved)
     return resolved
