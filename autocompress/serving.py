@@ -221,16 +221,19 @@ class PrefectAPI:
                 if token else {}
         return self.csrf
 
-    def call(self, path: str, body: dict | None = None):
-        """GET ``path`` (POST with ``body`` as JSON) and return the decoded answer."""
+    def call(self, path: str, body: dict | None = None, method: str | None = None):
+        """GET ``path`` (POST with ``body`` as JSON, or ``method``: PATCH, DELETE) and
+        return the decoded answer (None when the server sends no content)."""
         headers = self.headers()
         data = None
-        if body is not None:
-            data = json.dumps(body).encode()
+        if body is not None or method not in (None, "GET"):
+            data = json.dumps(body).encode() if body is not None else None
             headers.update(self._csrf_headers())
-        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers)
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers,
+                                         method=method)
         with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
+            answer = response.read()
+        return json.loads(answer) if answer else None
 
 
 def start_mlflow_server(stack: Stack, port: int, backend_uri: str, artifacts: str,
@@ -251,10 +254,17 @@ def worker_argv(pool: str, name: str) -> list[str]:
             "--name", name]
 
 
-def worker_env(base: dict[str, str], home: Path) -> dict[str, str]:
+def worker_env(base: dict[str, str], home: Path, name: str | None = None) -> dict[str, str]:
     """A worker's environment: its own AutoCompress and Prefect homes under ``home``.
 
     Nothing else is local to it: the artifact store, Prefect's results and MLflow
     are named by ``base`` (S3 and servers, or shared directories on one machine).
+    ``name`` (the worker's) reaches its flow runs, which record it in the lineage.
     """
-    return {**base, "AUTOCOMPRESS_HOME": str(home), "PREFECT_HOME": str(home / "prefect")}
+    env = {**base, "AUTOCOMPRESS_HOME": str(home), "PREFECT_HOME": str(home / "prefect")}
+    return {**env, "AUTOCOMPRESS_WORKER_NAME": name} if name else env
+
+
+def worker_name_for(pool: str) -> str:
+    """The name a worker of ``pool`` started on this machine gets (``host-pool``)."""
+    return f"{socket.gethostname()}-{pool}"

@@ -348,6 +348,8 @@ class Lineage(BaseModel):
     code_version: str = Field(default_factory=code_version)
     # Stage name -> artifact, in pipeline order (the chain from teacher to model).
     artifacts: dict[str, ArtifactRef] = Field(default_factory=dict)
+    # Served runs: flow step (or "flow") -> the worker that ran it.
+    workers: dict[str, str] = Field(default_factory=dict)
 
     def to_tags(self) -> dict[str, str]:
         """Flat string tags for a model version (searchable in the MLflow UI)."""
@@ -362,6 +364,8 @@ class Lineage(BaseModel):
             for name, value in getattr(self, group).items():
                 tags[f"lineage.{group}.{name}"] = repr(float(value))
         tags["lineage.chain"] = ",".join(self.artifacts)
+        for step, worker in self.workers.items():
+            tags[f"lineage.worker.{step}"] = _text(worker, _MAX_TAG)
         for stage, ref in self.artifacts.items():
             tags[f"artifact.{stage}"] = _text(
                 {"uri": ref.uri, "sha256": ref.sha256, "kind": ref.kind}, _MAX_TAG)
@@ -380,6 +384,8 @@ class Lineage(BaseModel):
                 data[group][name] = float(value)
             elif field == "limits":
                 data["limits"] = json.loads(value)
+            elif group == "worker" and name:
+                data.setdefault("workers", {})[name] = value
             elif field != "chain":
                 data[field] = value
         chain = [s for s in tags.get("lineage.chain", "").split(",") if s]

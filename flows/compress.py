@@ -41,6 +41,7 @@ from autocompress.profiles import get_profile, with_profile
 from autocompress.stage_config import STAGE_CONFIGS, check_eval_config, check_options
 from autocompress.tracking import Lineage
 from flows.common import FlowReport, Steps, finish_report, new_report, refs_of, tracked_flow
+from flows.placement import worker_name
 from tasks.costmodel import fit_costmodel, profile_target, this_machine, validate_costmodel
 from tasks.data import prepare_corpus
 from tasks.distill import distill_model
@@ -141,7 +142,7 @@ def compress(
     sizes = get_profile(profile)
     options = seeded(with_profile(options, sizes), seed)
     eval_limit = eval_limit if eval_limit is not None else sizes.eval_limit
-    eval_config = check_eval_config({**sizes.eval_config, **(eval_config or {})})
+    eval_config = {**sizes.eval_config, **check_eval_config(eval_config)}
     params = {"teacher": teacher, "target": target, "workload": workload,
               "limits": limits.model_dump(exclude_none=True),
               "budget_fraction": budget_fraction, "baseline": baseline, "method": method,
@@ -201,6 +202,7 @@ def compress(
                                 f"(see {verification.uri}); not registered")
         elif register_as:
             lineage = build_lineage(step.outputs, params, run.flow_run_id, trigger_event)
+            lineage.workers = served_workers(report)
             step("registered", register_model, name=register_as, model=model, lineage=lineage)
         report.outputs = dict(step.outputs)
         return finish_report(report, run, started)
@@ -254,6 +256,13 @@ def seeded(options: dict[str, dict[str, Any]] | None, seed: int | None
     search["dnas"] = {"seed": seed, **dict(search.get("dnas") or {})}
     options["distill"] = {"seed": seed, **options.get("distill", {})}
     return options
+
+
+def served_workers(report: FlowReport) -> dict[str, str]:
+    """Which served worker ran the flow and each placed step (empty when not served)."""
+    here = worker_name()
+    placed = {s.name: s.worker["name"] for s in report.steps if s.worker.get("name")}
+    return {"flow": here, **placed} if here else placed
 
 
 def build_lineage(outputs: dict[str, Any], params: dict[str, Any], flow_run_id: str | None,

@@ -85,10 +85,20 @@ def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
             for name, value in inputs.items()}
 
 
+# Set by `autocompress serve` for each worker it starts (``serving.worker_env``).
+WORKER_NAME_ENV = "AUTOCOMPRESS_WORKER_NAME"
+
+
+def worker_name() -> str | None:
+    """The name of the served worker this process runs under (None: not served)."""
+    return os.environ.get(WORKER_NAME_ENV) or None
+
+
 def worker_facts() -> dict[str, str]:
-    """Where a placed step ran: host, process, the worker's own home."""
-    return {"host": socket.gethostname(), "pid": str(os.getpid()),
-            "home": os.environ.get("AUTOCOMPRESS_HOME", ""), "cwd": os.getcwd()}
+    """Where a placed step ran: worker name, host, process, the worker's own home."""
+    return {"name": worker_name() or "", "host": socket.gethostname(),
+            "pid": str(os.getpid()), "home": os.environ.get("AUTOCOMPRESS_HOME", ""),
+            "cwd": os.getcwd()}
 
 
 # The result persists as JSON (Prefect's encoder keeps pydantic types), in the

@@ -35,6 +35,7 @@ from autocompress.serving import (
     wait_http,
     worker_argv,
     worker_env,
+    worker_name_for,
 )
 
 # The checkout (or installed tree) holding flows/ and tasks/: on workers' PYTHONPATH.
@@ -308,8 +309,9 @@ def deploy(file: Path, env: dict[str, str], root: Path) -> None:
 
 def start_worker(stack: Stack, env: dict[str, str], home: Path, pool: str):
     """A process worker for ``pool`` with its own homes and working directory ``home``."""
-    return stack.start(f"worker {pool}", worker_argv(pool, f"{pool}-{home.name}"),
-                       worker_env(env, home), home / "worker.log", cwd=home)
+    name = worker_name_for(pool)
+    return stack.start(f"worker {pool}", worker_argv(pool, name), worker_env(env, home, name),
+                       home / "worker.log", cwd=home)
 
 
 def print_addresses(env: dict[str, str], root: Path, pools: list[str],
