@@ -52,7 +52,7 @@ browser:
 # see tests/conftest.py). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: venv browser
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 lint: venv
 	$(VENV)/bin/ruff check autocompress tasks flows tests bench lab

@@ -145,7 +145,6 @@ def test_run_stops_at_the_limits_stage_before_importance(teacher, home, capsys, 
     lines = err.strip().splitlines()
     assert code == 2 and lines[-1].startswith("hint: "), err
     assert lines[-2].startswith(f"error: {REFUSAL}") and "tpot_ms >= " in lines[-2], err
-    assert "Task run 'limits-" in err and "Task run 'importance-" not in err
     published = [p.name for p in (home / "artifacts").rglob("*")]
     assert any("costmodel" in name for name in published), published  # it got that far
     assert not any("importance" in name for name in published), published

@@ -58,8 +58,12 @@ NIGHTLY_NAME = "served-nightly"
 EXPERIMENT = "served"
 PLACEMENT_TIMEOUT_S = 10
 # What the test changes in the deployments' parameters: a tiny run of a teacher on the
-# cheapest CPU workload (prefect.yaml's own: the long-context coding workload).
-TINY_RUN = {"profile": "tiny", "workload": "interactive-cpu", "experiment": EXPERIMENT}
+# cheapest CPU workload (prefect.yaml's own: the long-context coding workload), under a
+# loose limit (0.9 of the teacher's TPOT, prefect.yaml's: 0.6). The other pytest worker
+# keeps the cores busy, and a tight limit timed on a 4-probe fit sometimes read as missed
+# at verify, so nothing was registered: this tests the served plumbing, not tightness.
+TINY_RUN = {"profile": "tiny", "workload": "interactive-cpu", "experiment": EXPERIMENT,
+            "budget_fraction": 0.9}
 
 
 # ---------------------------------------------------------------- helpers
