@@ -8,6 +8,7 @@ import pytest
 
 import autocompress
 from autocompress.modeling.tiny import tiny_model
+from autocompress.profiles import TINY as TINY_PROFILE
 from bench.report import between_markers
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -20,12 +21,10 @@ def readme_example() -> str:
     return block.split("```python")[1].split("```")[0]
 
 
-# Seconds per step on a tiny teacher. The gate's thresholds are off: a fit of 5 probes of a
-# model this small times mostly noise, and the gate itself is tested elsewhere.
-TINY = {"costmodel": {"n_probes": 5, "repeats": 1},
-        "validation": {"n": 2, "repeats": 1, "max_mape": None, "min_kendall_tau": None},
-        "search": {"dnas": {"steps": 20}, "measured_rounds": 0},
-        "distill": {"tokens": 20_000, "eval_batches": 2}, "eval_limit": 5, "verify": {"repeats": 3}}
+# Seconds per step: the flow's tiny profile (a few probes, search steps and distillation
+# tokens, an open gate: the gate itself is tested elsewhere), as the API's settings.
+TINY = {**TINY_PROFILE.options, "eval_limit": TINY_PROFILE.eval_limit,
+        "eval": TINY_PROFILE.eval_config}
 
 
 @pytest.mark.slow
@@ -58,7 +57,7 @@ def test_the_readme_example_compresses_a_tiny_teacher(tmp_path, monkeypatch, tin
     # The limit is 60% of the teacher's predicted TPOT, and the pick meets it as predicted.
     assert found.limits.max_tpot_ms == found.teacher_predicted["tpot_ms"] * 0.6
     assert found.predicted["tpot_ms"] <= found.limits.max_tpot_ms
-    assert result.distill.tokens_seen >= 20_000
+    assert result.distill.tokens_seen >= TINY["distill"]["tokens"]
     assert result.evaluation["tasks"] and result.evaluation["heldout_loss"] > 0
     assert result.verification.measured["tpot_ms"] > 0 and result.verified is not None
     assert "verified: " in capsys.readouterr().out
