@@ -443,3 +443,46 @@ def load_profile(refresh: bool = False, path: Path | None = None) -> HardwarePro
     profile = profile_hardware()
     save_profile(profile, path)
     return profile
+
+
+# ------------------------------------------------------------- a busy machine's cores
+
+
+def cores_taken_by_others(window_s: float = 0.5, stat: Path = Path("/proc/stat")
+                          ) -> float | None:
+    """How many cores other processes kept busy over ``window_s`` seconds (this process
+    sleeps through it, and its own CPU time is taken off). None where that cannot be read:
+    no ``/proc/stat`` (not Linux), or this process may use only some of the CPUs that
+    ``/proc/stat`` counts (a container's share of a bigger host)."""
+    def sample() -> tuple[float, float]:
+        lines = stat.read_text().splitlines()
+        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        if cpus != len(os.sched_getaffinity(0)):
+            raise ValueError("this process sees only some of the host's CPUs")
+        ticks = [int(x) for x in lines[0].split()[1:9]]
+        busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+        return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+    try:
+        busy0, own0 = sample()
+        started = time.perf_counter()
+        time.sleep(window_s)
+        busy1, own1 = sample()
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return max(0.0, (busy1 - busy0 - (own1 - own0)) / (time.perf_counter() - started))
+
+
+def compute_threads(current: int, taken: float | None, cores: int | None = None) -> int:
+    """Torch threads for compute (not for timing) beside other busy processes: ``current``
+    at most, and no more than the cores they leave free (at least one).
+
+    Why: a thread team waits for its slowest member at every parallel region, and a member
+    sharing its core with another job is slow. On 2 cores beside one spinning process, the
+    search's DNAS ran 3.5x slower on 2 threads than on a quiet machine
+    (lab/results/busy_machine/two-threads_run2.json), where one core's worth of work should cost 2x.
+    """
+    if taken is None or current <= 1:
+        return current
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(current, cores - int(taken + 0.5)))

@@ -8,7 +8,13 @@ analytic cost model predicts, ``closed_loop`` picks, times, judges and re-aims.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
+import torch
 
 from autocompress.arch import ArchSpec
 from autocompress.arch_search.config import SearchConfig
@@ -170,3 +176,47 @@ def test_aim_noise_caps_the_session_noise_at_a_quiet_sessions():
     noisy = {"tpot_ms": 0.8 + 0.03 * 10.0}  # 8% session noise + 3% drift allowance
     capped = aim_noise(measured, noisy, 0.03, BusyMachine(busy_noise=0.02))
     assert capped["tpot_ms"] == pytest.approx(0.3 + 0.2)
+
+
+def test_a_spinning_process_is_seen_taking_a_core():
+    """``cores_taken_by_others`` reads a real background process (the benchmark's load)."""
+    from autocompress.hardware import cores_taken_by_others
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        taken = cores_taken_by_others(window_s=1.0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    if taken is None:
+        pytest.skip("this process cannot read the machine's CPU time (/proc/stat)")
+    assert 0.5 <= taken <= len(os.sched_getaffinity(0)) + 0.1
+
+
+def test_the_search_computes_on_the_cores_others_leave_free(monkeypatch, capsys):
+    """On 2 cores beside one busy process, compute takes 1 thread (a thread sharing its core
+    slows the whole team); a quiet machine, or one thread already, changes nothing."""
+    from autocompress.arch_search import context
+    from autocompress.hardware import compute_threads
+
+    assert compute_threads(2, 1.0, cores=2) == 1
+    assert compute_threads(2, 0.3, cores=2) == 2
+    assert compute_threads(2, 1.8, cores=2) == 1  # never below one
+    assert compute_threads(8, 2.0, cores=8) == 6
+    assert compute_threads(4, None) == 4  # unknown: as it was
+    previous = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: there is no team to shrink")
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(context, "cores_taken_by_others", lambda: 0.0)
+        context.share_a_busy_machine()
+        assert torch.get_num_threads() == 2 and capsys.readouterr().err == ""
+        monkeypatch.setattr(context, "cores_taken_by_others", lambda: cores - 1.0)
+        context.share_a_busy_machine()
+        assert torch.get_num_threads() == 1
+        assert "computes on 1 of 2 torch threads" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(previous)

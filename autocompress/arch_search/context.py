@@ -49,6 +49,7 @@ from autocompress.costmodel.workload import Workload, get_workload
 from autocompress.data.corpus import ensure_corpus
 from autocompress.data.tokens import PackedTokens
 from autocompress.errors import AutoCompressError
+from autocompress.hardware import compute_threads, cores_taken_by_others
 from autocompress.importance import Importance, calibration_batches, compute_importance
 from autocompress.limits import Limits
 from autocompress.model_source import resolve_model_dir
@@ -95,6 +96,8 @@ class SearchContext:
         config = config or SearchConfig()
         if config.threads:
             torch.set_num_threads(config.threads)
+        else:
+            share_a_busy_machine()
         teacher_dir = None
         if isinstance(teacher, tuple):
             model, tokenizer = teacher
@@ -358,6 +361,21 @@ def unreachable_error(limits: Limits, budgets: dict[str, float], smallest: dict[
         "no architecture in the search space meets every limit: " + "; ".join(parts),
         hint="loosen the limits, or widen the space (smaller hidden/FFN fractions, no-op blocks)",
     )
+
+
+def share_a_busy_machine() -> None:
+    """Compute on fewer torch threads where other processes keep cores busy (one line says
+    so). Timing on the target is unaffected: it runs on the cost model's thread count."""
+    current = torch.get_num_threads()
+    if current <= 1:
+        return
+    taken = cores_taken_by_others()
+    threads = compute_threads(current, taken)
+    if threads < current:
+        print(f"note: other processes keep {taken:.1f} cores busy: the search computes on "
+              f"{threads} of {current} torch threads (timing on the target keeps the cost "
+              "model's count)", file=sys.stderr)
+        torch.set_num_threads(threads)
 
 
 def interactive() -> bool:
