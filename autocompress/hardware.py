@@ -479,8 +479,8 @@ def compute_threads(current: int, taken: float | None, cores: int | None = None)
 
     Why: a thread team waits for its slowest member at every parallel region, and a member
     sharing its core with another job is slow. On 2 cores beside one spinning process, the
-    search's DNAS ran 3.5x slower on 2 threads than on a quiet machine
-    (lab/results/busy_machine/two-threads_run2.json), where one core's worth of work should cost 2x.
+    search's DNAS ran 3.5x slower on 2 threads than on a quiet machine, where losing one
+    core of two should cost 2x (lab/results/busy_machine/two-threads_run2.json).
     """
     if taken is None or current <= 1:
         return current
