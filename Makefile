@@ -49,10 +49,12 @@ browser:
 		|| echo "chromium is missing (apt-get install chromium): tests/test_served.py will fail"
 
 # Two pytest workers (a module's tests stay together on one; the slow files start first,
-# see tests/conftest.py). TEST_WORKERS=0 runs in one process.
+# longest first, in the order tests/conftest.py sets: xdist's own reorder would put the
+# files with most tests first). TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 test: venv browser
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder --durations=15
 
 lint: venv
 	$(VENV)/bin/ruff check autocompress tasks flows tests bench lab

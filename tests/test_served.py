@@ -251,7 +251,7 @@ def test_serve_refuses_web_pages_strangers_and_command_overrides(served):
 # About three minutes on 2 quiet cores (the module, serve included, under four and a half);
 # many more when the machine is shared, so the per-test limit (600 s in pyproject) is
 # raised here; every wait has its own bound.
-@pytest.mark.slow
+@pytest.mark.slow(seconds=220)
 @pytest.mark.timeout(1500)
 def test_served_compression_event_timeout_retry_schedule_and_uis(served, tiny_tokenizer):
     api = served["api"]
