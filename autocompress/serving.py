@@ -190,6 +190,12 @@ def secured_server_env(port: int, auth_string: str) -> dict[str, str]:
     }
 
 
+# Retries of a call the server could not serve for a moment (see ``PrefectAPI.call``).
+RETRY_CODES = (429, 502, 503)
+RETRIES = 4
+RETRY_WAIT_S = 0.5
+
+
 @dataclass
 class PrefectAPI:
     """JSON calls to a secured Prefect API with the standard library (auth and CSRF)."""
@@ -231,9 +237,18 @@ class PrefectAPI:
             headers.update(self._csrf_headers())
         request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers,
                                          method=method)
-        with urllib.request.urlopen(request, timeout=30) as response:
-            answer = response.read()
-        return json.loads(answer) if answer else None
+        for attempt in range(RETRIES + 1):
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    answer = response.read()
+                return json.loads(answer) if answer else None
+            except urllib.error.HTTPError as err:
+                # A busy server's sqlite answers 503 (and a proxy 502/429) for a moment;
+                # Prefect's own client retries these the same way.
+                if err.code not in RETRY_CODES or attempt == RETRIES:
+                    raise
+                time.sleep(RETRY_WAIT_S * 2**attempt)
+        return None  # not reached: the last attempt returns or raises
 
 
 def start_mlflow_server(stack: Stack, port: int, backend_uri: str, artifacts: str,
