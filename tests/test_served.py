@@ -56,7 +56,7 @@ TEACHER_NAME = "served-teacher"
 RESULT_NAME = "served-compressed"
 NIGHTLY_NAME = "served-nightly"
 EXPERIMENT = "served"
-PLACEMENT_TIMEOUT_S = 10
+PLACEMENT_TIMEOUT_S = 5  # the accelerator pool is paused: nobody takes the step
 # What the test changes in the deployments' parameters: a tiny run of a teacher on the
 # cheapest CPU workload (prefect.yaml's own: the long-context coding workload), under a
 # loose limit (0.9 of the teacher's TPOT, prefect.yaml's: 0.6). The other pytest worker
