@@ -190,6 +190,10 @@ def secured_server_env(port: int, auth_string: str) -> dict[str, str]:
     }
 
 
+# A served worker's name, set in its environment (``worker_env``) for its flow runs,
+# which record it in the lineage (``flows.placement.worker_name``).
+WORKER_NAME_ENV = "AUTOCOMPRESS_WORKER_NAME"
+
 # Retries of a call the server could not serve for a moment (see ``PrefectAPI.call``).
 RETRY_CODES = (429, 502, 503)
 RETRIES = 4
@@ -277,7 +281,7 @@ def worker_env(base: dict[str, str], home: Path, name: str | None = None) -> dic
     ``name`` (the worker's) reaches its flow runs, which record it in the lineage.
     """
     env = {**base, "AUTOCOMPRESS_HOME": str(home), "PREFECT_HOME": str(home / "prefect")}
-    return {**env, "AUTOCOMPRESS_WORKER_NAME": name} if name else env
+    return {**env, WORKER_NAME_ENV: name} if name else env
 
 
 def worker_name_for(pool: str) -> str:

@@ -32,6 +32,7 @@ from prefect import flow
 from pydantic import TypeAdapter
 
 from autocompress.errors import AutoCompressError
+from autocompress.serving import WORKER_NAME_ENV
 from tasks.stage import RunInfo, Stage
 
 STAGE_FLOW = "stage"
@@ -83,10 +84,6 @@ def typed_inputs(stage: Stage, inputs: dict[str, Any]) -> dict[str, Any]:
     hints = typing.get_type_hints(stage.fn)
     return {name: TypeAdapter(hints[name]).validate_python(value) if name in hints else value
             for name, value in inputs.items()}
-
-
-# Set by `autocompress serve` for each worker it starts (``serving.worker_env``).
-WORKER_NAME_ENV = "AUTOCOMPRESS_WORKER_NAME"
 
 
 def worker_name() -> str | None:
