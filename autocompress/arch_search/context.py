@@ -94,10 +94,6 @@ class SearchContext:
         caller still resolves them with ``resolve_limits``).
         """
         config = config or SearchConfig()
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        else:
-            share_a_busy_machine()
         teacher_dir = None
         if isinstance(teacher, tuple):
             model, tokenizer = teacher
@@ -115,6 +111,10 @@ class SearchContext:
         if has_costs and (limits is not None or budget_fraction is not None):
             # Before the corpus and importance: unreachable limits stop here (~0.1 s).
             check_limits_early(spec, config.space, cost_model, wl, limits, budget_fraction)
+        if config.threads:  # after the early check: the busy-machine probe sleeps 0.5 s
+            torch.set_num_threads(config.threads)
+        else:
+            share_a_busy_machine()
         calib = config.calibration
         corpus_arg = corpus_dir or calib.corpus_dir
         corpus = ensure_corpus(Path(corpus_arg) if corpus_arg else None)
