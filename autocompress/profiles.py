@@ -1,6 +1,7 @@
 """Run profiles: every stage of a compression sized by one name.
 
-``full`` is each stage's own defaults (what a real compression uses). ``tiny`` shrinks
+``full`` is each stage's own defaults (what a real compression uses). ``demo`` is
+`autocompress demo`'s, sized for about five minutes on 2 cores. ``tiny`` shrinks
 every stage at once — a few cost-model probes, a few search steps, a few thousand
 distillation tokens, a handful of benchmark items — so that a real ``compress`` flow run
 of the bundled teacher fits an integration test (the served test runs it across two
@@ -58,7 +59,25 @@ TINY = Profile(
     eval_limit=4,                                                    # 300 items a task
     eval_config={"bpb_bytes": 4_000, "next_token_windows": 4, "seq_len": 64},
 )
-PROFILES: dict[str, Profile] = {"full": Profile(), "tiny": TINY}
+# The demo's sizes (`autocompress demo`, `make demo`): the main job in about five minutes
+# on 2 cores. Each value's full size is in its comment. Timing repetitions: paired timing
+# spreads by a few per cent, so 2 suffice to fit and gate and 5 to verify.
+DEMO = Profile(
+    options={
+        "costmodel": {"repeats": 2},                          # 3 repeats (all 20 probes)
+        "validation": {"repeats": 2},                         # 3 repeats (all 12 archs)
+        "importance": {"num_batches": 4, "removal_batches": 1},  # 16 and 2 batches
+        "search": {"dnas": {"steps": 40, "batch_size": 2},    # 160 steps of 4 sequences
+                   "measured_rounds": 2,                      # 3 timed re-aims of the pick
+                   "measured_repeats": 5,                     # 9 timed runs per check
+                   "selection": {"top_k": 2},                 # 10 candidates short-distilled
+                   "minitron": {"distill_tokens": 8_192}},    # 32,768 tokens each
+        "distill": {"tokens": 30_000, "eval_batches": 2},     # 200,000 tokens, 8 batches
+        "verify": {"repeats": 3, "sessions": 2},              # 9 repeats, 3 sessions
+    },
+    eval_limit=20,                                            # 300 items a task
+)
+PROFILES: dict[str, Profile] = {"full": Profile(), "demo": DEMO, "tiny": TINY}
 
 
 def get_profile(name: str | None) -> Profile:

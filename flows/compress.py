@@ -130,8 +130,9 @@ def compress(
             {metric: value}}`` (``bench compare --limits-from``): the run stops right after
             timing the teacher if this host reads it more than 10% away
             (``limits.check_same_host``), before any search or training.
-        profile: size every stage at once (``autocompress.profiles``): ``tiny`` makes a
-            real run that fits a test; None or ``full``: each stage's defaults. Explicit
+        profile: size every stage at once (``autocompress.profiles``): ``demo`` is
+            `autocompress demo`'s sizes, ``tiny`` a real run that fits a test; None or
+            ``full``: each stage's defaults. Explicit
             ``options``, ``eval_limit`` and ``eval_config`` win over the profile's.
     """
 

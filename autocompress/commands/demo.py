@@ -17,23 +17,11 @@ from typing import Any
 import typer
 
 from autocompress.defaults import DEFAULT_METHOD, DEFAULT_TARGET, DEFAULT_TEACHER, DEFAULT_WORKLOAD
+from autocompress.profiles import DEMO
 
-# What the demo shrinks, as `--options` of `autocompress run` (each setting's full size in
-# its comment). Timing repetitions: paired timing spreads by a few per cent, so 2 suffice
-# to fit and gate and 5 to verify.
-DEMO_OPTIONS: dict[str, dict[str, Any]] = {
-    "costmodel": {"repeats": 2},                          # 3 repeats (all 20 probes)
-    "validation": {"repeats": 2},                         # 3 repeats (all 12 architectures)
-    "importance": {"num_batches": 4, "removal_batches": 1},  # 16 and 2 batches
-    "search": {"dnas": {"steps": 40, "batch_size": 2},    # 160 steps of 4 sequences
-               "measured_rounds": 2,                      # 3 timed re-aims of the pick
-               "measured_repeats": 5,                     # 9 timed runs per check
-               "selection": {"top_k": 2},                 # 10 candidates short-distilled
-               "minitron": {"distill_tokens": 8_192}},    # 32,768 tokens each
-    "distill": {"tokens": 30_000, "eval_batches": 2},     # 200,000 tokens, 8 held-out batches
-    "verify": {"repeats": 3, "sessions": 2},              # 9 repeats, 3 sessions
-}
-DEMO_EVAL_LIMIT = 20  # items per benchmark (all: 300)
+# What the demo shrinks, as `--options` of `autocompress run` (autocompress.profiles.DEMO).
+DEMO_OPTIONS: dict[str, dict[str, Any]] = DEMO.options
+DEMO_EVAL_LIMIT: int = DEMO.eval_limit
 REGISTERED_NAME = "autocompress-demo"
 
 
