@@ -50,11 +50,14 @@ browser:
 
 # Two pytest workers (a module's tests stay together on one; the slow files start first,
 # longest first, in the order tests/conftest.py sets: xdist's own reorder would put the
-# files with most tests first). TEST_WORKERS=0 runs in one process.
+# files with most tests first), then, alone, the tests marked `serial`: they hold a tiny
+# model to a limit measured on this CPU, which the other worker's load can break.
+# TEST_WORKERS=0 runs the first part in one process.
 TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15
 test: venv browser
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-		--no-loadscope-reorder --durations=15
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
+	$(PYTEST) -m serial
 
 lint: venv
 	$(VENV)/bin/ruff check autocompress tasks flows tests bench lab

@@ -52,6 +52,10 @@ from autocompress.serving import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+# The whole module runs alone (make test's second pytest run): its served stack is
+# started once, and its tiny compression is verified against a limit timed on this CPU.
+pytestmark = pytest.mark.serial
+
 TEACHER_NAME = "served-teacher"
 RESULT_NAME = "served-compressed"
 NIGHTLY_NAME = "served-nightly"

@@ -64,6 +64,7 @@ def _search(ref) -> dict:
     return json.loads((fetch(ref) / "arch.search.json").read_text())
 
 
+@pytest.mark.serial
 @pytest.mark.slow(seconds=40)
 def test_joint_and_pareto_flows_publish_a_verified_model_per_target_and_budget(flow_env):
     from flows.targets import budget_label, compress_joint, pareto, target_label
