@@ -44,11 +44,26 @@ from bench.report import _pyplot, plot_heatmaps
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
-MEASURED = ["cpu-local/hf-eager/fp32", "cpu-local/llama.cpp/f32", "cpu-local/llama.cpp/q4_0"]
-# hf-eager in bf16 joins the measured targets only where this CPU runs bf16 natively.
-BF16 = "cpu-local/hf-eager/bf16"
+# The matrix's columns (``TARGET@WORKLOAD=FRACTION``), chosen so that each pays for a
+# different term of the cost model (``results/targets.md`` shows each term's share):
+# llama.cpp q4_0 decode at batch 1 (quantized weight bytes and per-head attention work),
+# hf-eager fp32 decode at batch 1 (a fixed cost per block: width buys little, depth a lot),
+# a long prompt's prefill on hf-eager (the matmuls' FLOPs and attention's quadratic term),
+# and llama.cpp's memory for 6 concurrent sequences (the compute buffer, sized by the
+# widest block, and the KV cache: FFN width and KV heads).
+MEASURED = ["cpu-local/llama.cpp/q4_0@interactive-cpu=0.5",
+            "cpu-local/hf-eager/fp32@interactive-cpu=0.5",
+            "cpu-local/hf-eager/fp32@local-coding-cpu:ttft_ms=0.5",
+            "cpu-local/llama.cpp/q4_0@datacenter-cpu:memory_gb=0.5"]
+# hf-eager in bf16 joins the measured columns only where this CPU runs bf16 natively.
+BF16 = "cpu-local/hf-eager/bf16@interactive-cpu=0.5"
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-PREDICTED = ["rtx-5070/vllm/bf16", "h100-sxm/trtllm/bf16"]
+# Spec-sheet columns, predicted only and never counted for the thesis. The 7M teacher is
+# mostly fixed per-token overhead on a GPU (the smallest reachable is 84% of its TPOT on
+# the RTX 5070 with vLLM, 87% on the H100 with TensorRT-LLM), so their budget is 90%.
+PREDICTED = ["rtx-5070/vllm/bf16@interactive=0.9", "h100-sxm/trtllm/bf16@interactive=0.9"]
+JOINT = ["cpu-local/hf-eager/fp32", "cpu-local/llama.cpp/f32", "cpu-local/llama.cpp/q4_0"]
+SEEDS = [0, 1]  # distillation seeds per architecture: training noise inside the intervals
 # Targets the issue names that the matrix leaves out, and why (``absent_targets``).
 LLAMACPP_THREADS = (
     "the flows take a target as `hardware/engine/dtype`, which carries no thread count "
@@ -84,15 +99,15 @@ def absent_targets(flags: set[str]) -> dict[str, str]:
 
     absent = {"cpu-local/llama.cpp (2 threads)": LLAMACPP_THREADS}
     if not native_bf16(flags):
-        absent[BF16] = (
+        absent[BF16.split("@")[0]] = (
             f"this CPU has none of {', '.join(BF16_FLAGS)} in /proc/cpuinfo (torch's CPU kernels: "
             f"{torch.backends.cpu.get_cpu_capability()}): bf16 is emulated, so timing it would "
             "measure the emulation, not a bf16 deployment")
     return absent
 
 
-def default_measured(flags: set[str]) -> list[str]:
-    return MEASURED + ([BF16] if native_bf16(flags) else [])
+def default_columns(flags: set[str]) -> list[str]:
+    return MEASURED + ([BF16] if native_bf16(flags) else []) + PREDICTED
 
 
 def log(message: str) -> None:
@@ -131,15 +146,12 @@ def _options(args) -> dict[str, dict[str, Any]]:
 
 def run_matrix(args) -> dict:
     _prepare()
-    from flows.targets import targets_matrix
+    from flows.targets import Column, targets_matrix
 
     load = {"before": os.getloadavg()}
     started = time.perf_counter()
-    data = targets_matrix(teacher=args.teacher, targets=args.targets,
-                          predicted_targets=args.predicted, workload=args.workload,
-                          predicted_workload=args.predicted_workload,
-                          budget_fraction=args.budget_fraction,
-                          predicted_budget_fraction=args.predicted_budget_fraction,
+    data = targets_matrix(teacher=args.teacher, columns=[Column.parse(c) for c in args.columns],
+                          seeds=args.seeds, params_matched=not args.no_params_matched,
                           eval_limit=args.eval_limit, eval_tasks=args.eval_tasks,
                           options=_options(args), seed=args.seed, track=not args.no_track)
     load["after"] = os.getloadavg()
@@ -159,13 +171,17 @@ def _stamp(load: dict, options: dict, args) -> dict:
 
 
 def enrich_matrix(data: dict, args, load: dict, wall_s: float) -> dict:
-    """The flow's matrix plus what the report reads: architectures, scores, cost terms."""
+    """The flow's matrix plus what the report reads: architectures, per-item scores, the
+    columns' cost terms and gates."""
     data["teacher"] = args.teacher
-    for model in data["models"].values():
-        model["arch_spec"] = _arch(model["arch"])
-        model["evaluation_report"] = _summary(_json(model["evaluation"]))
-        model["cost_terms"] = cost_terms(model["costmodel"], data, model)
-        model["validation_mape"] = _json(model["validation"]).get("mape")
+    for column in data["columns"]:
+        column["cost_terms"] = cost_terms(column["costmodel"], column["workload"], args.teacher)
+        column["validation_mape"] = _json(column["validation"]).get("mape")
+    for row in data["rows"].values():
+        row["arch_spec"] = _arch(row["arch"])
+        evaluations = {seed: _json(ref) for seed, ref in row["evaluations"].items()}
+        row["evaluation_report"] = {seed: _summary(e) for seed, e in evaluations.items()}
+        row["per_item"] = {seed: e.get("per_item") or {} for seed, e in evaluations.items()}
     data.update(wall_s=wall_s, **_stamp(load, _options(args), args))
     return data
 
@@ -176,19 +192,19 @@ def _summary(evaluation: dict) -> dict:
     return {k: evaluation.get(k) for k in keys}
 
 
-def cost_terms(costmodel_ref: dict, data: dict, model: dict) -> dict[str, float]:
-    """What each kind of cut saves on this target, as a share of the teacher's main metric:
-    one attention block, one FFN block (a middle layer), all FFN widths halved, all query
-    heads halved, the hidden size halved (the cost model's own predictions)."""
+def cost_terms(costmodel_ref: dict, workload: str, teacher_name: str) -> dict[str, float]:
+    """What each kind of cut saves on a column, as a share of the teacher's main metric
+    there: one attention block, one FFN block (a middle layer), all FFN widths, query heads
+    or KV heads halved, every other attention block removed, the hidden size halved (the
+    column's cost model's own predictions)."""
     from autocompress.artifacts import ArtifactRef, fetch
     from autocompress.costmodel import CostModel, get_workload
     from autocompress.model_source import resolve_model_dir
     from autocompress.modeling import arch_spec_of, load_causal_lm
 
     cm = CostModel.load(fetch(ArtifactRef.model_validate(costmodel_ref)))
-    measured = cm.target.name in data["targets"]
-    wl = get_workload(data["workload"] if measured else data["predicted_workload"])
-    teacher, _ = load_causal_lm(str(resolve_model_dir(data.get("teacher") or "default")),
+    wl = get_workload(workload)
+    teacher, _ = load_causal_lm(str(resolve_model_dir(teacher_name or "default")),
                                 with_tokenizer=False)
     spec = arch_spec_of(teacher)
     metric = wl.main_metric
@@ -210,14 +226,21 @@ def cost_terms(costmodel_ref: dict, data: dict, model: dict) -> dict[str, float]
         return layer.model_copy(update={"ffn": layer.ffn.model_copy(
             update={"intermediate_size": width})})
 
-    def halve_heads(i, layer):
-        heads = layer.attention.num_heads // 2
-        return layer.model_copy(update={"attention": layer.attention.model_copy(
-            update={"num_heads": heads})})
+    def halve(field):
+        def fn(i, layer):
+            value = max(1, getattr(layer.attention, field) // 2)
+            return layer.model_copy(update={"attention": layer.attention.model_copy(
+                update={field: value})})
+        return fn
+
+    def every_other_attention(i, layer):
+        return layer.model_copy(update={"attention": None}) if i % 2 else layer
 
     return {"metric": metric, "teacher": base, "one attention block": cut(drop("attention")),
             "one FFN block": cut(drop("ffn")), "FFN widths halved": cut(halve_ffn),
-            "query heads halved": cut(halve_heads),
+            "query heads halved": cut(halve("num_heads")),
+            "KV heads halved": cut(halve("num_kv_heads")),
+            "half the attention blocks": cut(every_other_attention),
             "hidden size halved": cut(hidden=spec.hidden_size // 2)}
 
 
@@ -374,57 +397,71 @@ def _fmt(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}g}"
 
 
+def _short(label: str) -> str:
+    """``llama.cpp-q4_0.datacenter-cpu-memory_gb.params`` -> a readable row or column name."""
+    return label.replace(".params", " (params-matched)")
+
+
 def matrix_tables(data: dict) -> list[str]:
-    names = list(data["models"])
-    gpu = {data["budget_fractions"][t] for t in data["predicted_targets"]}
-    lines = [f"Budget: {data['budget_fraction']:.0%} of the teacher's predicted main metric "
-             f"on each measured target (workload `{data['workload']}`); GPU targets: "
-             f"{', '.join(f'{f:.0%}' for f in gpu) or '–'} on `{data['predicted_workload']}`, "
-             "predicted only (below that, no architecture of the space reaches the budget: "
-             "see the cost terms below).", "",
-             "**Each target's own architecture** (held-out loss: lower is better; s.e. over "
-             "windows; MC: multiple-choice mean over the local tasks, s.e. over items)", "",
-             "| searched for | params | hidden | held-out loss ± s.e. | MC ± s.e. | its limit | "
-             "cost-model gate MAPE |", "|---|---|---|---|---|---|---|"]
-    for name in names:
-        m = data["models"][name]
-        s = m["evaluation_report"]
-        gate = m.get("validation_mape") or {}
+    """The columns, the rows (architectures, scores over seeds) and the cells."""
+    seeds = data["seeds"]
+    lines = ["**Columns** (budget: a fraction of the teacher's predicted main metric; each "
+             "column's dominant cost from its cost model, see below)", "",
+             "| column | target | workload | limit | dominant cut (share of the teacher's "
+             "cost it saves) | cost-model gate MAPE |", "|---|---|---|---|---|---|"]
+    for c in data["columns"]:
+        gate = c.get("validation_mape") or {}
         lines.append(
-            f"| {name} | {_count(m['params'])} | {m['arch_spec']['hidden_size']} | "
-            f"{_fmt(s['heldout_loss'], 4)} ± {_fmt(s['heldout_loss_stderr'], 2)} | "
-            f"{_fmt(s['mc_mean'])} ± {_fmt(s['mc_mean_stderr'], 2)} | "
-            f"{_limit_text(m['limits'])} | "
-            f"{', '.join(f'{k} {v:.1f}%' for k, v in gate.items()) or 'not measurable'} |")
+            f"| {c['label']} | {c['target']} | {c['workload']} | {_limit_text(c['limits'])} "
+            f"({c['budget_fraction']:.0%}) | {dominant_text(c['cost_terms'])} | "
+            f"{', '.join(f'{k} {v:.1f}%' for k, v in gate.items()) or 'predicted only'} |")
+    lines += ["", f"**Rows** (each architecture distilled with seeds {seeds}; held-out loss "
+              "(lower is better) and MC (multiple-choice mean over the local tasks): mean over "
+              "seeds, ± half the seeds' range)", "",
+              "| architecture | kind | params | hidden | attention / FFN blocks | held-out loss "
+              "| MC |", "|---|---|---|---|---|---|---|"]
+    for name, row in data["rows"].items():
+        spec = row["arch_spec"]
+        attn = sum(1 for layer in spec["layers"] if layer.get("attention"))
+        ffn = sum(1 for layer in spec["layers"] if layer.get("ffn"))
+        lines.append(f"| {_short(name)} | {row['kind']} | {_count(row['params'])} | "
+                     f"{spec['hidden_size']} | {attn} / {ffn} | "
+                     f"{_over_seeds(row, 'heldout_loss', 4)} | {_over_seeds(row, 'mc_mean')} |")
     for measured in (True, False):
-        targets = [t for t in (data["targets"] if measured else data["predicted_targets"])
-                   if t in data["models"]]
-        if not targets:
+        columns = [c for c in data["columns"] if c["measured"] == measured]
+        if not columns:
             continue
-        title = ("**Measured** on this CPU (`verify`: median ± noise, ✓ = meets the target's "
-                 "limit within the noise)" if measured else
-                 "**Predicted** (spec-sheet cost models; nothing here was measured)")
-        lines += ["", title, "", "| architecture ↓ / target → | " + " | ".join(targets) + " |",
-                  "|---|" + "---|" * len(targets)]
-        for arch in names:
-            row = [arch]
-            for target in targets:
-                cell = _cell(data, arch, target)
-                row.append(_cell_text(cell, data["models"][target]["limits"]))
-            lines.append("| " + " | ".join(row) + " |")
+        title = ("**Measured** on this CPU (`verify` of seed "
+                 f"{seeds[0]}'s model: median ± noise (predicted), ✓ = within the limit)"
+                 if measured else "**Predicted** (spec-sheet cost models; nothing here was "
+                 "measured, and these columns never count for the thesis)")
+        lines += ["", title, "", "| architecture ↓ / column → | " +
+                  " | ".join(c["label"] for c in columns) + " |",
+                  "|---|" + "---|" * len(columns)]
+        for name in data["rows"]:
+            lines.append("| " + " | ".join([_short(name)] + [
+                _cell_text(_cell(data, name, c["label"]), c) for c in columns]) + " |")
     return lines
 
 
-def _cell(data: dict, arch: str, target: str) -> dict:
-    return next(c for c in data["cells"] if c["arch"] == arch and c["target"] == target)
+def _over_seeds(row: dict, key: str, digits: int = 3) -> str:
+    values = [s[key] for s in row["evaluation_report"].values() if s.get(key) is not None]
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    return f"{mean:.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f}"
+
+
+def _cell(data: dict, row: str, column: str) -> dict:
+    return next(c for c in data["cells"] if c["arch"] == row and c["target"] == column)
 
 
 def _limit_text(limits: dict) -> str:
     return ", ".join(f"{k.removeprefix('max_')} ≤ {v:.3g}" for k, v in limits.items()) or "–"
 
 
-def _cell_text(cell: dict, limits: dict) -> str:
-    metric = next(iter(limits)).removeprefix("max_")
+def _cell_text(cell: dict, column: dict) -> str:
+    metric = column["metric"]
     mark = "✓" if cell["ok"] else "✗"
     if cell["measured"]:
         value, noise = cell["costs"].get(metric), cell["noise"].get(metric, 0.0)
@@ -432,59 +469,162 @@ def _cell_text(cell: dict, limits: dict) -> str:
     return f"{mark} {_fmt(cell['predicted'].get(metric))}"
 
 
-def thesis_rows(data: dict) -> list[str]:
-    """Per target: among the architectures meeting its limit, the most accurate one."""
-    lines = ["| target | meet its limit | most accurate of those (held-out loss) | "
-             "its own | own − best | verdict |", "|---|---|---|---|---|---|"]
-    models = data["models"]
-    for target in [t for t in [*data["targets"], *data["predicted_targets"]]
-                   if t in models]:
-        meeting = [a for a in models if _cell(data, a, target)["ok"]]
-        own = models[target]["evaluation_report"]
-        if not meeting:
-            lines.append(f"| {target} | none | – | {_fmt(own['heldout_loss'], 4)} | – | "
-                         "no architecture meets it as measured |")
+def _runs(row: dict, tasks: list[str] | None) -> list[dict]:
+    """A row's per-item scores, one mapping per seed (in seed order), restricted to
+    ``tasks`` (None: the multiple-choice tasks, every task but the held-out windows)."""
+    runs = []
+    for seed in sorted(row["per_item"], key=int):
+        items = row["per_item"][seed]
+        keep = tasks or [t for t in items if t != "heldout_loss"]
+        runs.append({t: items[t] for t in keep if t in items})
+    return runs
+
+
+def paired(data: dict, a: str, b: str, metric: str) -> dict | None:
+    """A − B (rows) on held-out loss per window or MC per item, seed s of A paired with
+    seed s of B (same data order), 95% percentile bootstrap (``bench.stats``)."""
+    from bench.stats import OVERALL, paired_differences
+
+    tasks = ["heldout_loss"] if metric == "heldout_loss" else None
+    runs_a, runs_b = _runs(data["rows"][a], tasks), _runs(data["rows"][b], tasks)
+    if not all(runs_a + runs_b):
+        return None
+    diff = paired_differences(runs_a, runs_b, tasks, n_boot=2000, seed=0, paired_seeds=True)
+    return diff[OVERALL].model_dump()
+
+
+def verdict(loss_diff: dict) -> str:
+    """One rule whichever row wins (own − other on held-out loss; lower is better): the
+    own row holds when the whole interval is below zero, is reversed when the whole
+    interval is above zero, and ties otherwise."""
+    if loss_diff["high"] < 0:
+        return "holds"
+    if loss_diff["low"] > 0:
+        return "reversed"
+    return "tie"
+
+
+def thesis(data: dict) -> list[dict]:
+    """Per column: the rows within its limit, its own row against the most accurate other
+    row within the limit (paired, loss and MC), and the verdict."""
+    out = []
+    for column in data["columns"]:
+        label = column["label"]
+        if label not in data["rows"]:
             continue
-        best = min(meeting, key=lambda a: models[a]["evaluation_report"]["heldout_loss"])
-        best_loss = models[best]["evaluation_report"]["heldout_loss"]
-        se = max(models[best]["evaluation_report"].get("heldout_loss_stderr") or 0.0,
-                 own.get("heldout_loss_stderr") or 0.0)
-        if target not in meeting:
-            verdict, gap = "**fails**: its own architecture misses its limit", "–"
+        within = [r for r in data["rows"] if _cell(data, r, label)["ok"]]
+        entry = {"column": label, "measured": column["measured"], "within": within,
+                 "own": label, "best_other": None, "loss": None, "mc": None}
+        others = [r for r in within if r != label]
+        if label not in within:
+            entry["verdict"] = "own misses its limit"
+        elif not others:
+            entry["verdict"] = "only row within the limit"
         else:
-            diff = own["heldout_loss"] - best_loss
-            gap = f"{diff:+.4f}"
-            verdict = ("holds" if best == target else
-                       ("within noise" if diff <= 2 * se else "**fails**"))
-        lines.append(f"| {target} | {', '.join(meeting)} | {best} ({best_loss:.4f}) | "
-                     f"{_fmt(own['heldout_loss'], 4)} | {gap} | {verdict} |")
+            best = min(others, key=lambda r: _mean_score(data["rows"][r], "heldout_loss"))
+            entry.update(best_other=best, loss=paired(data, label, best, "heldout_loss"),
+                         mc=paired(data, label, best, "mc"))
+            entry["verdict"] = verdict(entry["loss"])
+        out.append(entry)
+    return out
+
+
+def _mean_score(row: dict, key: str) -> float:
+    values = [s[key] for s in row["evaluation_report"].values()]
+    return sum(values) / len(values)
+
+
+def thesis_count(entries: list[dict]) -> dict[str, int]:
+    """Verdicts on the measured columns (predicted columns never count)."""
+    measured = [e for e in entries if e["measured"]]
+    return {"measured_columns": len(measured),
+            **{v: sum(e["verdict"] == v for e in measured)
+               for v in ("holds", "tie", "reversed", "own misses its limit",
+                         "only row within the limit")}}
+
+
+def thesis_sentence(entries: list[dict]) -> str:
+    c = thesis_count(entries)
+    return (f"Each column's own architecture is the most accurate within its limit beyond "
+            f"noise on **{c['holds']} of {c['measured_columns']} measured columns** "
+            f"(tie {c['tie']}, reversed {c['reversed']}, own misses its limit "
+            f"{c['own misses its limit']}, only row within the limit "
+            f"{c['only row within the limit']}); predicted GPU columns are listed apart.")
+
+
+def thesis_rows(data: dict) -> list[str]:
+    lines = ["| column | rows within its limit | most accurate other row | own − it: held-out "
+             "loss [95% CI] | own − it: MC points [95% CI] | verdict |",
+             "|---|---|---|---|---|---|"]
+    for e in thesis(data):
+        loss = (f"{e['loss']['mean']:+.4f} [{e['loss']['low']:+.4f}, {e['loss']['high']:+.4f}]"
+                if e["loss"] else "–")
+        mc = (f"{100 * e['mc']['mean']:+.1f} [{100 * e['mc']['low']:+.1f}, "
+              f"{100 * e['mc']['high']:+.1f}]" if e["mc"] else "–")
+        name = e["column"] + ("" if e["measured"] else " (predicted)")
+        lines.append(f"| {name} | {len(e['within'])}: {', '.join(map(_short, e['within']))} | "
+                     f"{_short(e['best_other']) if e['best_other'] else '–'} | {loss} | {mc} | "
+                     f"{e['verdict']} |")
     return lines
 
 
+def params_matched_rows(data: dict) -> list[str]:
+    """Claim (a): per measured column, the homogeneous architecture of its own row's
+    parameter count, measured there against the limit."""
+    lines = ["| column | own: params, measured / limit | params-matched: params, measured / "
+             "limit | the parameter budget's pick |", "|---|---|---|---|"]
+    for column in data["columns"]:
+        label, matched = column["label"], f"{column['label']}.params"
+        if matched not in data["rows"]:
+            continue
+        metric = column["metric"]
+        limit = column["limits"][f"max_{metric}"]
+        own, other = _cell(data, label, label), _cell(data, matched, label)
+        ratio = other["costs"][metric] / limit
+        if not other["ok"]:
+            what = f"misses the limit by {100 * (ratio - 1):.0f}%"
+        else:
+            what = f"meets it, leaving {100 * (1 - ratio):.0f}% of the budget unused"
+        lines.append(f"| {label} | {_count(data['rows'][label]['params'])}, "
+                     f"{own['costs'][metric] / limit:.2f} | "
+                     f"{_count(data['rows'][matched]['params'])}, {ratio:.2f} | {what} |")
+    return lines
+
+
+TERMS = ["one attention block", "one FFN block", "FFN widths halved", "query heads halved",
+         "KV heads halved", "half the attention blocks", "hidden size halved"]
+
+
+def dominant_text(terms: dict) -> str:
+    top = max(TERMS, key=lambda k: terms[k])
+    return f"{top} ({100 * terms[top]:.0f}%)"
+
+
 def cost_term_rows(data: dict) -> list[str]:
-    terms = ["one attention block", "one FFN block", "FFN widths halved", "query heads halved",
-             "hidden size halved"]
-    lines = ["| target | teacher's main metric | " + " | ".join(terms) + " |",
-             "|---|---|" + "---|" * len(terms)]
-    for name, m in data["models"].items():
-        t = m["cost_terms"]
-        lines.append(f"| {name} | {t['metric']} {t['teacher']:.3g} | " +
-                     " | ".join(f"{100 * t[k]:.0f}%" for k in terms) + " |")
+    lines = ["| column | teacher's main metric | " + " | ".join(TERMS) + " |",
+             "|---|---|" + "---|" * len(TERMS)]
+    for c in data["columns"]:
+        t = c["cost_terms"]
+        lines.append(f"| {c['label']} | {t['metric']} {t['teacher']:.3g} | " +
+                     " | ".join(f"{100 * t[k]:.0f}%" for k in TERMS) + " |")
     return lines
 
 
 def why_text(data: dict) -> list[str]:
-    """Which cut buys the most on each target (the cost model's view), in words."""
+    """What each column pays for (the cost model's view), in one sentence each."""
     out = []
-    for name, m in data["models"].items():
-        t = m["cost_terms"]
+    for c in data["columns"]:
+        t = c["cost_terms"]
         block = "attention" if t["one attention block"] > t["one FFN block"] else "FFN"
-        width = ("query heads" if t["query heads halved"] > t["FFN widths halved"]
-                 else "FFN width")
-        out.append(f"- **{name}**: removing one {block} block saves the most per block "
-                   f"({100 * max(t['one attention block'], t['one FFN block']):.0f}% of "
-                   f"{t['metric']}); of the width cuts, halving {width} saves more; halving the "
-                   f"hidden size saves {100 * t['hidden size halved']:.0f}%.")
+        widths = {k: t[k] for k in ("FFN widths halved", "query heads halved",
+                                    "KV heads halved")}
+        width = max(widths, key=widths.get)
+        out.append(f"- **{c['label']}** ({t['metric']}): one {block} block saves "
+                   f"{100 * max(t['one attention block'], t['one FFN block']):.0f}% of the "
+                   f"teacher's cost; of the width cuts, {width} saves most "
+                   f"({100 * widths[width]:.0f}%); half the attention blocks "
+                   f"{100 * t['half the attention blocks']:.0f}%, the hidden size halved "
+                   f"{100 * t['hidden size halved']:.0f}%.")
     return out
 
 
@@ -555,6 +695,12 @@ def selection_text(selection: list[dict]) -> str:
     return text
 
 
+def _same_limits(a: dict, b: dict, tolerance: float = 0.01) -> bool:
+    """Whether two runs set the same limits (each within ``tolerance``): only then is one's
+    model comparable with the other's."""
+    return a.keys() == b.keys() and all(abs(a[k] - b[k]) <= tolerance * b[k] for k in a)
+
+
 def joint_lines(data: dict, own: dict) -> list[str]:
     """The joint architecture verified on each target, against each target's own."""
     s = data["scores"]
@@ -569,10 +715,10 @@ def joint_lines(data: dict, own: dict) -> list[str]:
     for target, v in data["verifications"].items():
         limits = {k: x for k, x in v["limits"].items() if x is not None}
         metric = next(iter(limits)).removeprefix("max_")
-        mine = own.get(target)
+        mine = own.get(target)  # the matrix's column of this target, under the same limit
         own_text, diff = "–", "–"
-        if mine:
-            loss = mine["evaluation_report"]["heldout_loss"]
+        if mine and _same_limits(mine["limits"], limits):
+            loss = _mean_score(mine, "heldout_loss")
             own_text = f"{_count(mine['params'])}, {loss:.4f}"
             diff = f"{s['heldout_loss'] - loss:+.4f}"
         lines.append(f"| {target} | {_limit_text(limits)} | {_fmt(v['measured'][metric])} ± "
@@ -587,19 +733,24 @@ def write_report(out_dir: Path) -> Path:
     """``targets.md`` (+ heatmaps, + the front's plot) from the JSON files in ``out_dir``."""
     from autocompress.atomic import atomic_path
 
-    lines = ["# Each target gets its own architecture (issue 17)", "",
+    lines = ["# Does each target get its own architecture? Measured", "",
              "Regenerated by `python -m bench.targets report` from `targets.json` "
              "(`bench/targets.py matrix`) and `targets_pareto.json` (`bench/targets.py "
              "pareto`); nothing here is typed by hand.", ""]
     matrix_path = out_dir / "targets.json"
+    own: dict[tuple[str, str], dict] = {}  # (target, workload) -> the matrix's own row
     if matrix_path.exists():
         data = json.loads(matrix_path.read_text())
-        archs = [(name, m["arch_spec"]) for name, m in data["models"].items()]
-        plot_heatmaps(archs, f"each target's own architecture at {data['budget_fraction']:.0%}",
-                      out_dir / "targets_heatmaps.png")
+        entries = thesis(data)
+        own = {(c["target"], c["workload"]): {**data["rows"][c["label"]], "limits": c["limits"]}
+               for c in data["columns"] if c["label"] in data["rows"]}
+        archs = [(c["label"], data["rows"][c["label"]]["arch_spec"]) for c in data["columns"]
+                 if c["label"] in data["rows"]]
+        plot_heatmaps(archs, "each column's own architecture", out_dir / "targets_heatmaps.png")
         load = data["load_average"]
         lines += ["## The cross-target matrix", "",
-                  f"Teacher `{data['teacher']}`; {data['created']}; {_machine(data)}"
+                  thesis_sentence(entries), "",
+                  f"Teacher `{data['teacher']}`; {_machine(data)}"
                   f"{data['wall_s']:.0f} s wall; load average (1/5/15 min) before "
                   f"{_load(load['before'])}, after {_load(load['after'])}; eval limit "
                   f"{data['eval_limit']} items per task; "
@@ -609,18 +760,29 @@ def write_report(out_dir: Path) -> Path:
                     (data.get("errors") or {}).items()],
                   *[f"- **{t}: not in the matrix** — {why}." for t, why in
                     (data.get("absent") or {}).items()],
-                  "", "### Does each target's own architecture win?", "",
+                  "", "### Does each column's own architecture win?", "",
+                  "Against the most accurate other row within the column's measured limit, "
+                  "paired per held-out window (loss) or per item (MC) and per seed; one rule "
+                  "whichever row wins: **holds** when the loss interval lies below zero, "
+                  "**reversed** when it lies above, **tie** otherwise.", "",
                   *thesis_rows(data), "",
+                  "### Does the parameter count predict the target?", "",
+                  "Each measured column's homogeneous architecture of its own row's parameter "
+                  "count (Model Optimizer's `params` rule: the largest homogeneous candidate "
+                  "with at most that many parameters, ranked like the Minitron baseline), "
+                  "measured on that column (measured / limit: above 1 misses it).", "",
+                  *params_matched_rows(data), "",
                   "![per-layer architectures](targets_heatmaps.png)", "",
-                  "### Why they differ: what each cut saves (the target's cost model)", "",
+                  "### Why they differ: what each cut saves (each column's cost model)", "",
                   *cost_term_rows(data), "", *why_text(data), ""]
     joint_path = out_dir / "targets_joint.json"
     if joint_path.exists():
         data = json.loads(joint_path.read_text())
-        own = json.loads(matrix_path.read_text())["models"] if matrix_path.exists() else {}
         lines += ["## One architecture for several targets", "",
                   f"{data['created']}; {data['wall_s']:.0f} s wall; load average "
-                  f"{_load_all(data['load_average'])}.", "", *joint_lines(data, own), ""]
+                  f"{_load_all(data['load_average'])}.", "",
+                  *joint_lines(data, {t: own[t, w] for t, w in own if w == data["workload"]}),
+                  ""]
     pareto_path = out_dir / "targets_pareto.json"
     if pareto_path.exists():
         data = json.loads(pareto_path.read_text())
@@ -697,17 +859,18 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--no-track", action="store_true")
         s.add_argument("--out", default=str(RESULTS))
     m = sub.choices["matrix"]
-    m.add_argument("--targets", nargs="+", default=default_measured(cpu_flags()))
-    m.add_argument("--predicted", nargs="*", default=PREDICTED)
-    m.add_argument("--predicted-workload", default="interactive")
-    m.add_argument("--budget-fraction", type=float, default=0.5)
-    m.add_argument("--predicted-budget-fraction", type=float, default=0.9,
-                   help="The GPU targets' budget: the 7M teacher is mostly fixed per-token "
-                   "overhead there (spec-sheet models: the smallest reachable is 84%% of its "
-                   "TPOT on the RTX 5070 with vLLM, 87%% on the H100 with TensorRT-LLM), so "
-                   "50%% is out of reach.")
+    m.add_argument("--columns", nargs="+", default=default_columns(cpu_flags()),
+                   metavar="TARGET@WORKLOAD=FRACTION",
+                   help="The columns: a target, its workload (PRESET or PRESET:METRIC, the "
+                   "metric the budget is on) and the budget as a fraction of the teacher's "
+                   "predicted cost there. Targets this machine cannot time are predicted.")
+    m.add_argument("--seeds", nargs="+", type=int, default=SEEDS,
+                   help="Distillation seeds: every architecture is distilled once per seed.")
+    m.add_argument("--no-params-matched", action="store_true",
+                   help="Skip the homogeneous architecture of each measured column's "
+                   "parameter count.")
     j = sub.choices["joint"]
-    j.add_argument("--targets", nargs="+", default=MEASURED)
+    j.add_argument("--targets", nargs="+", default=JOINT)
     j.add_argument("--budget-fraction", type=float, default=0.5)
     f = sub.choices["pareto"]
     f.add_argument("--target", default="cpu-local/llama.cpp/q4_0",

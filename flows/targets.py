@@ -18,6 +18,7 @@ cached task as in ``compress``, so stages shared with other runs come from the c
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from typing import Any
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from autocompress.artifacts import fetch
+from autocompress.costmodel import Target, get_workload
 from autocompress.defaults import DEFAULT_TARGET, DEFAULT_WORKLOAD
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
@@ -37,7 +40,13 @@ from tasks.distill import distill_model
 from tasks.evaluation import evaluate_model
 from tasks.prune import prune_model, score_importance
 from tasks.search import resolve_limits, search_arch
-from tasks.targets import family_member, family_search, joint_search, predict_arch
+from tasks.targets import (
+    family_member,
+    family_search,
+    joint_search,
+    params_matched_arch,
+    predict_arch,
+)
 from tasks.teacher import publish_teacher
 from tasks.verify import verify_model
 
@@ -68,8 +77,8 @@ STEPS = {step.name: step for step in [
 ]}
 SHARED = ("teacher", "corpus", "importance")
 # Steps that exist once per target (their outputs and the inputs of these names are keyed).
-PER_TARGET = ("target", "profile", "costmodel", "validation", "limits", "teacher_verification",
-              "verification")
+PER_TARGET = ("target", "workload", "profile", "costmodel", "validation", "limits",
+              "teacher_verification", "verification")
 # Steps that exist once per member of a family or architecture of the matrix.
 PER_MODEL = ("arch", "pruned", "model", "evaluation")
 
@@ -100,10 +109,14 @@ def base_values(teacher: str, workload: str, options: dict | None, eval_tasks, e
 
 
 def target_steps(target: str, values: dict[str, Any], budget_fraction: float | None,
-                 limits: Limits) -> list[Step]:
-    """Profile, cost model, gate and limits of one target (values get its parameters)."""
-    key = target_label(target)
+                 limits: Limits, key: str | None = None, workload: str | None = None
+                 ) -> list[Step]:
+    """Profile, cost model, gate and limits of one target (values get its parameters);
+    ``key`` names its steps (default: the target's label), ``workload`` its workload
+    (default: the flow's)."""
+    key = key or target_label(target)
     values[f"target.{key}"] = target
+    values[f"workload.{key}"] = workload or values["workload"]
     values[f"limits_in.{key}"] = limits
     values[f"budget_fraction.{key}"] = budget_fraction
     limits_step = keyed(STEPS["limits"], key, PER_TARGET)
@@ -112,11 +125,12 @@ def target_steps(target: str, values: dict[str, Any], budget_fraction: float | N
                                                              "validation")] + [limits_step]
 
 
-def verify_step(name: str, model: str, target: str) -> Step:
-    """Verify ``model`` (a step's output) on ``target`` with its cost model and limits."""
-    key = target_label(target)
+def verify_step(name: str, model: str, target: str, key: str | None = None) -> Step:
+    """Verify ``model`` (a step's output) on ``target`` (the steps of ``key``, default the
+    target's label) with its cost model, workload and limits."""
+    key = key or target_label(target)
     return Step(name, verify_model, model=model, costmodel=f"costmodel.{key}",
-                target=f"target.{key}", workload="workload", limits=f"limits.{key}",
+                target=f"target.{key}", workload=f"workload.{key}", limits=f"limits.{key}",
                 machine="machine", options="verify_options")
 
 
@@ -263,8 +277,43 @@ def pareto(
 # ------------------------------------------------------------------ the cross-target matrix
 
 
+class Column(BaseModel):
+    """A column of the matrix: a target, the workload it serves (``PRESET`` or
+    ``PRESET:METRIC``, whose main metric the budget is on) and the budget, a fraction of
+    the teacher's predicted main metric there."""
+
+    target: str
+    workload: str = DEFAULT_WORKLOAD
+    budget_fraction: float = Field(0.5, gt=0)
+
+    @classmethod
+    def parse(cls, text: str) -> Column:
+        """``TARGET[@WORKLOAD][=FRACTION]``, e.g. ``cpu-local/llama.cpp/q4_0@datacenter-cpu:
+        memory_gb=0.6``."""
+        head, _, fraction = text.partition("=")
+        target, _, workload = head.partition("@")
+        column = cls(target=target, workload=workload or DEFAULT_WORKLOAD,
+                     **({"budget_fraction": float(fraction)} if fraction else {}))
+        Target.parse(column.target), get_workload(column.workload)  # named errors, early
+        return column
+
+    @property
+    def label(self) -> str:
+        """A step-name suffix: ``llama.cpp-q4_0.datacenter-cpu-memory_gb``."""
+        return f"{target_label(self.target)}.{self.workload.replace(':', '-')}"
+
+    @property
+    def measured(self) -> bool:
+        return Target.parse(self.target).measurable
+
+    @property
+    def metric(self) -> str:
+        return get_workload(self.workload).main_metric
+
+
 class MatrixCell(BaseModel):
-    """Architecture ``arch`` (searched for its own target) on target ``target``."""
+    """Row ``arch`` (an architecture of the matrix) on column ``target`` (a column label):
+    measured there (``verify``) or predicted (a spec-sheet cost model)."""
 
     arch: str
     target: str
@@ -276,15 +325,28 @@ class MatrixCell(BaseModel):
     noise: dict[str, float] = Field(default_factory=dict)
 
 
+PARAMS = "params"  # the suffix of a column's params-matched row
+
+
+def row_steps(row: str, arch_step: Step, seeds: list[int]) -> list[Step]:
+    """An architecture's row: the arch, its pruned teacher, and per distillation seed a
+    model and its evaluation (``model.ROW.sSEED``, ``evaluation.ROW.sSEED``)."""
+    steps = [arch_step, keyed(STEPS["pruned"], row, PER_MODEL)]
+    for s in seeds:
+        steps.append(Step(f"model.{row}.s{s}", distill_model, teacher="teacher",
+                          student=f"pruned.{row}", corpus="corpus",
+                          options=f"distill_options.s{s}"))
+        steps.append(Step(f"evaluation.{row}.s{s}", evaluate_model, model=f"model.{row}.s{s}",
+                          **EVAL))
+    return steps
+
+
 @flow(name="targets-matrix")
 def targets_matrix(
     teacher: str = "default",
-    targets: list[str] | None = None,
-    workload: str = DEFAULT_WORKLOAD,
-    predicted_targets: list[str] | None = None,
-    predicted_workload: str = "interactive",
-    budget_fraction: float = 0.5,
-    predicted_budget_fraction: float | None = None,
+    columns: list[Column] | None = None,
+    seeds: list[int] | None = None,
+    params_matched: bool = True,
     seed: int | None = None,
     eval_tasks: str | None = None,
     eval_limit: int | None = None,
@@ -294,82 +356,84 @@ def targets_matrix(
     store: str | None = None,
     track: bool = True,
 ) -> dict[str, Any]:
-    """Each target's own architecture at ``budget_fraction`` of the teacher's cost on it,
-    then every architecture on every target: measured (``verify``) on ``targets``, predicted
-    on ``predicted_targets`` (spec-sheet cost models, ``predicted_workload`` and
-    ``predicted_budget_fraction``, default ``budget_fraction``: a small teacher on a GPU is
-    mostly fixed per-token overhead, so half its cost may be out of reach there)."""
-    from autocompress.costmodel import Target
-
+    """Each column's own architecture (searched for its target, workload and budget), and
+    for each measured column the homogeneous architecture of the same parameter count
+    (``params_matched``); every architecture distilled once per seed of ``seeds`` (default
+    ``[seed or 0]``) and evaluated, then measured (``verify``) on every measured column
+    and predicted on the others (spec-sheet cost models)."""
     started = time.perf_counter()
-    measured = list(targets or [])
-    predicted = list(predicted_targets or [])
-    unmeasurable = [t for t in measured if not Target.parse(t).measurable]
-    if unmeasurable or len(measured) + len(predicted) < 2:
-        raise AutoCompressError(
-            f"targets to measure must be measurable here ({unmeasurable}) and there must be "
-            "two targets or more", hint="put GPU targets in predicted_targets")
-    options, values = _flow_values(teacher, workload, options, seed, eval_tasks, eval_limit,
-                                   corpus_dir)
-    params = {"teacher": teacher, "targets": measured, "predicted_targets": predicted,
-              "workload": workload, "predicted_workload": predicted_workload,
-              "budget_fraction": budget_fraction,
-              "predicted_budget_fraction": predicted_budget_fraction, "seed": seed,
-              "eval_limit": eval_limit, "options": options}
-    everything = measured + predicted
-    fractions = {t: budget_fraction for t in measured}
-    fractions.update({t: predicted_budget_fraction or budget_fraction for t in predicted})
+    columns = [Column.model_validate(c) for c in columns or []]
+    labels = [c.label for c in columns]
+    if len(columns) < 2 or len(set(labels)) < len(labels):
+        raise AutoCompressError(f"a matrix needs two or more distinct columns, not {labels}",
+                                hint="give each column a different target or workload")
+    seeds = list(dict.fromkeys(seeds or [seed or 0]))
+    options, values = _flow_values(teacher, columns[0].workload, options, seed, eval_tasks,
+                                   eval_limit, corpus_dir)
+    for s in seeds:
+        values[f"distill_options.s{s}"] = {**values["distill_options"], "seed": s}
+    params = {"teacher": teacher, "columns": [c.model_dump() for c in columns], "seeds": seeds,
+              "params_matched": params_matched, "seed": seed, "eval_limit": eval_limit,
+              "options": options}
     with tracked_flow("targets-matrix", params, experiment, store, track) as run:
         report = new_report("targets-matrix", run)
         run_steps(_shared_steps(), values, run, report)
-        cells: list[MatrixCell] = []
+        rows: dict[str, dict[str, Any]] = {}
         errors: dict[str, str] = {}
-        for target in everything:  # each target's own architecture and model
-            key = target_label(target)
-            own = dict(values, workload=workload if target in measured else predicted_workload)
-            steps = target_steps(target, own, fractions[target], Limits())
+        for column in columns:  # each column's own architecture (and its params-matched one)
+            key = column.label
+            own = dict(values)
+            steps = target_steps(column.target, own, column.budget_fraction, Limits(), key,
+                                 column.workload)
             arch = keyed(STEPS["arch"], key, PER_TARGET + PER_MODEL)
-            arch.inputs["target"] = f"target.{key}"
-            try:  # a target whose search fails (e.g. unreachable) is reported, not fatal
-                run_steps(steps + model_steps(key, arch), own, run, report)
+            plan = {key: row_steps(key, arch, seeds)}
+            if params_matched and column.measured:
+                matched = Step(f"arch.{key}.{PARAMS}", params_matched_arch, teacher="teacher",
+                               corpus="corpus", importance="importance",
+                               costmodel=f"costmodel.{key}", arch=f"arch.{key}",
+                               target=f"target.{key}", workload=f"workload.{key}",
+                               options="search_options")
+                plan[f"{key}.{PARAMS}"] = row_steps(f"{key}.{PARAMS}", matched, seeds)
+            try:  # a column whose search fails (e.g. unreachable) is reported, not fatal
+                run_steps(steps + [s for row in plan.values() for s in row], own, run, report)
             except AutoCompressError as err:
-                errors[target] = str(err)
-            values.update({k: v for k, v in own.items() if k.endswith(f".{key}")})
-        found = [t for t in everything if t not in errors]
-        for target in found:  # every architecture on this target
-            key = target_label(target)
-            for source in found:
-                name = f"cell.{target_label(source)}.{key}"
-                if target in measured:
-                    step = verify_step(name, f"model.{target_label(source)}", target)
+                errors[key] = str(err)
+            values.update({k: v for k, v in own.items() if k not in values})
+            if key not in errors:
+                rows.update({row: {"column": key, "kind": PARAMS if row != key else "own"}
+                             for row in plan})
+        cells: list[MatrixCell] = []
+        for column in columns:  # every architecture on this column
+            key = column.label
+            if f"limits.{key}" not in values:
+                continue
+            for row in rows:
+                name = f"cell.{row}.{key}"
+                if column.measured:
+                    step = verify_step(name, f"model.{row}.s{seeds[0]}", column.target, key)
                 else:
-                    step = Step(name, predict_arch, arch=f"arch.{target_label(source)}",
-                                costmodel=f"costmodel.{key}", workload="predicted_workload",
+                    step = Step(name, predict_arch, arch=f"arch.{row}",
+                                costmodel=f"costmodel.{key}", workload=f"workload.{key}",
                                 limits=f"limits.{key}")
-                values["predicted_workload"] = predicted_workload
                 run_steps([step], values, run, report)
-                cells.append(_cell(source, target, values[name]))
+                cells.append(_cell(row, key, values[name]))
         flow_report = finish_report(report, run, started)
-        return {"cells": [c.model_dump() for c in cells], "errors": errors,
-                "models": {t: _model_summary(values, target_label(t)) for t in found},
-                "targets": measured, "predicted_targets": predicted,
-                "budget_fraction": budget_fraction, "budget_fractions": fractions,
-                "workload": workload,
-                "predicted_workload": predicted_workload,
+        return {"columns": [{**c.model_dump(), "label": c.label, "measured": c.measured,
+                             "metric": c.metric} | _column_summary(values, c.label)
+                            for c in columns if c.label not in errors],
+                "rows": {row: {**info, **_row_summary(values, row, seeds)}
+                         for row, info in rows.items()},
+                "cells": [c.model_dump() for c in cells], "errors": errors, "seeds": seeds,
                 "steps": [s.model_dump() for s in flow_report.steps],
                 "wall_s": flow_report.wall_s, "mlflow_run_id": flow_report.mlflow_run_id}
 
 
-def _cell(source: str, target: str, ref) -> MatrixCell:
-    import json
-
-    from autocompress.artifacts import fetch
-
+def _cell(row: str, column: str, ref) -> MatrixCell:
     data = json.loads(fetch(ref).read_text())
     if data.get("measured") is False:
-        return MatrixCell(arch=source, target=target, measured=False, ok=data["ok"],
+        return MatrixCell(arch=row, target=column, measured=False, ok=data["ok"],
                           predicted=_numbers(data["predicted"]), limits=data["limits"])
-    return MatrixCell(arch=source, target=target, measured=True, ok=data["ok"],
+    return MatrixCell(arch=row, target=column, measured=True, ok=data["ok"],
                       costs=_numbers(data["measured"]), predicted=_numbers(data["predicted"]),
                       limits={k: v for k, v in data["limits"].items() if v is not None},
                       noise=_numbers(data.get("noise") or {}))
@@ -380,13 +444,19 @@ def _numbers(data: dict[str, Any]) -> dict[str, float]:
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def _model_summary(values: dict[str, Any], key: str) -> dict[str, Any]:
-    """What the matrix reports of one target's own architecture (references + scores)."""
-    arch, evaluation = values[f"arch.{key}"], values[f"evaluation.{key}"]
-    return {"arch": arch.model_dump(mode="json"), "params": arch.metrics.get("params"),
-            "scores": dict(evaluation.metrics), "limits":
-            values[f"limits.{key}"].model_dump(exclude_none=True),
-            "model": values[f"model.{key}"].model_dump(mode="json"),
-            "evaluation": evaluation.model_dump(mode="json"),
+def _column_summary(values: dict[str, Any], key: str) -> dict[str, Any]:
+    """A column's limits and the references of its cost model and gate."""
+    return {"limits": values[f"limits.{key}"].model_dump(exclude_none=True),
             "costmodel": values[f"costmodel.{key}"].model_dump(mode="json"),
             "validation": values[f"validation.{key}"].model_dump(mode="json")}
+
+
+def _row_summary(values: dict[str, Any], row: str, seeds: list[int]) -> dict[str, Any]:
+    """A row's architecture and, per seed, its model and evaluation (references + scores)."""
+    arch = values[f"arch.{row}"]
+    return {"arch": arch.model_dump(mode="json"), "params": arch.metrics.get("params"),
+            "models": {str(s): values[f"model.{row}.s{s}"].model_dump(mode="json")
+                       for s in seeds},
+            "evaluations": {str(s): values[f"evaluation.{row}.s{s}"].model_dump(mode="json")
+                            for s in seeds},
+            "scores": {str(s): dict(values[f"evaluation.{row}.s{s}"].metrics) for s in seeds}}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 
+from autocompress.arch_search.run import minitron_to_file
 from autocompress.artifacts import ArtifactRef
 from autocompress.limits import Limits
 from tasks.search import _arch_metrics, _context
@@ -108,3 +109,22 @@ def predict_arch(ctx: StageContext, arch: ArtifactRef, costmodel: ArtifactRef, w
                if isinstance(v, int | float)}
     metrics["ok"] = float(data["ok"])
     return ctx.publish_json("prediction.json", data, kind="prediction", metrics=metrics)
+
+
+@stage("params_matched", retries=1)
+def params_matched_arch(ctx: StageContext, teacher: ArtifactRef, corpus: ArtifactRef,
+                        importance: ArtifactRef, costmodel: ArtifactRef, arch: ArtifactRef,
+                        target: str, workload: str, options: dict | None = None
+                        ) -> ArtifactRef:
+    """The homogeneous architecture with ``arch``'s parameter count (at most; Model
+    Optimizer's ``params`` constraint, ``minitron_for_params``): what a parameter budget
+    alone would have picked, for the matrix to measure against the target's limit."""
+    search_ctx, config = _context(ctx, teacher, corpus, importance, costmodel, target,
+                                  workload, options)
+    params = int(arch.metrics["params"])
+    out_dir = ctx.scratch() / "arch"
+    out_dir.mkdir()
+    report = minitron_to_file(search_ctx, out_dir / "arch.json", params=params, config=config,
+                              progress=True)
+    return ctx.publish(out_dir, "archspec", metrics=_arch_metrics(report),
+                       meta={"method": "minitron-params", "params_of": params})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 import typer
 from cli_runner import cli
@@ -107,6 +110,27 @@ def test_predict_refuses_bad_shapes_and_workloads(tmp_path, capsys, monkeypatch)
         assert lines[0].startswith("error: ") and expected in lines[0], (expected, err)
         assert len(lines) == 2 and lines[1].startswith("hint: "), err
         assert "Traceback" not in err
+
+
+def test_a_workload_about_another_metric_prices_that_metric(tmp_path, capsys, monkeypatch):
+    """``PRESET:METRIC``: the preset's traffic with another main metric; an unknown metric
+    is a usage error naming the metrics there are."""
+    good = _json(tmp_path, "good.json", NEMOTRON)
+    target = ["--target", "h100-sxm/vllm/bf16", "--format", "json"]
+    monkeypatch.setattr(sys, "argv", ["autocompress", "costmodel", "predict", "--model",
+                                      str(good), *target, "--workload", "local-coding:ttft_ms"])
+    from autocompress.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    payload = json.loads(capsys.readouterr().out)
+    assert exit_info.value.code in (0, None) and payload["workload"]["main_metric"] == "ttft_ms"
+    assert payload["workload"]["isl"] == 32768  # the preset's traffic
+    code, err = cli(capsys, monkeypatch, "costmodel", "predict", "--model", good, *target,
+                    "--workload", "local-coding:latency")
+    lines = err.strip().splitlines()
+    assert code == 2 and "unknown main metric 'latency'" in lines[0], err
+    assert lines[1].startswith("hint: write PRESET:METRIC with METRIC one of ttft_ms"), err
 
 
 def test_verify_usage_errors_exit_2_before_measuring(tmp_path, capsys, monkeypatch):

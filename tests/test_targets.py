@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from cli_runner import cli
 
@@ -287,37 +288,92 @@ def test_run_rejects_bad_target_and_budget_combinations(capsys, monkeypatch, arg
 
 
 def _bench():
-    import importlib.util
-    from pathlib import Path
+    import bench.targets
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "targets.py"
-    spec = importlib.util.spec_from_file_location("bench_targets", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.targets
 
 
-def test_the_thesis_check_names_the_most_accurate_architecture_within_each_limit():
+def _row(losses_by_seed: list[list[float]], kind: str = "own", mc: float = 0.5) -> dict:
+    """A matrix row with per-window held-out losses (one list per seed) and MC items."""
+    return {"kind": kind, "params": 1e6, "arch_spec": {"hidden_size": 64, "layers": []},
+            "evaluation_report": {str(s): {"heldout_loss": sum(w) / len(w), "mc_mean": mc}
+                                  for s, w in enumerate(losses_by_seed)},
+            "per_item": {str(s): {"heldout_loss": {str(i): x for i, x in enumerate(w)},
+                                  "next_line": {str(i): mc for i in range(len(w))}}
+                         for s, w in enumerate(losses_by_seed)}}
+
+
+def _windows(offset: float, seed: int, n: int = 60) -> list[float]:
+    """Held-out windows of different difficulty, shared by every row, plus ``offset`` and
+    a row's own noise (drawn from the offset, so rows differ)."""
+    base = 4.0 + np.random.default_rng(seed).normal(0, 0.5, n)  # each window's difficulty
+    noise = np.random.default_rng([seed, int(abs(offset) * 1e4)]).normal(0, 0.01, n)
+    return list(base + offset + noise)
+
+
+def _matrix(own_a: float, b_in_a: bool, a_in_b: bool = True) -> dict:
+    """Measured columns a and b, predicted column g; rows a, b, g (their own)."""
+    def column(label, measured=True):
+        return {"label": label, "measured": measured}
+
+    def cell(row, col, ok):
+        return {"arch": row, "target": col, "ok": ok, "measured": col != "g"}
+
+    rows = {"a": _row([_windows(own_a, s) for s in (0, 1)]),
+            "b": _row([_windows(0.0, s) for s in (0, 1)]),
+            "g": _row([_windows(0.5, s) for s in (0, 1)])}
+    cells = [cell("a", "a", True), cell("b", "a", b_in_a), cell("g", "a", False),
+             cell("a", "b", a_in_b), cell("b", "b", True), cell("g", "b", False),
+             cell("a", "g", False), cell("b", "g", False), cell("g", "g", True)]
+    return {"columns": [column("a"), column("b"), column("g", False)], "rows": rows,
+            "cells": cells}
+
+
+def test_one_rule_decides_each_column_whichever_row_wins():
+    """The own row against the most accurate other row within the limit, paired per window
+    and seed: holds (interval below 0), reversed (above), tie (straddles), and the two
+    cases without a comparison; predicted columns never count."""
     bench = _bench()
+    by_column = {e["column"]: e for e in bench.thesis(_matrix(-0.05, b_in_a=True))}
+    assert by_column["a"]["verdict"] == "holds" and by_column["a"]["best_other"] == "b"
+    assert by_column["a"]["loss"]["high"] < 0
+    assert by_column["b"]["verdict"] == "reversed"  # a is within b's limit and better there
+    assert by_column["g"]["verdict"] == "only row within the limit"
+    counts = bench.thesis_count(list(by_column.values()))
+    assert counts["measured_columns"] == 2 and counts["holds"] == 1 and counts["reversed"] == 1
+    assert counts["only row within the limit"] == 0  # g is predicted: listed, not counted
 
-    def model(loss):
-        return {"evaluation_report": {"heldout_loss": loss, "heldout_loss_stderr": 0.001}}
+    by_column = {e["column"]: e for e in bench.thesis(_matrix(0.0005, b_in_a=True))}
+    assert by_column["a"]["verdict"] == by_column["b"]["verdict"] == "tie"
+    by_column = {e["column"]: e for e in bench.thesis(_matrix(-0.05, b_in_a=False,
+                                                             a_in_b=False))}
+    assert by_column["a"]["verdict"] == "only row within the limit"
+    data = _matrix(-0.05, b_in_a=True)
+    data["cells"][0]["ok"] = False  # a's own row misses a's limit
+    assert bench.thesis(data)[0]["verdict"] == "own misses its limit"
+    assert "beyond noise on **1 of 2 measured columns**" in bench.thesis_sentence(
+        bench.thesis(_matrix(-0.05, b_in_a=True)))
 
-    def cell(arch, target, ok):
-        return {"arch": arch, "target": target, "ok": ok, "measured": True}
 
-    data = {"targets": ["a", "b"], "predicted_targets": [],
-            "models": {"a": model(4.50), "b": model(4.40)},
-            # a's own architecture is the only one within a's limit; b's limit admits both,
-            # and a's (worse loss) is not the best there: b's own is.
-            "cells": [cell("a", "a", True), cell("b", "a", False), cell("a", "b", True),
-                      cell("b", "b", True)]}
-    rows = bench.thesis_rows(data)[2:]
-    assert rows[0].startswith("| a | a | a (4.5000)") and rows[0].endswith("| holds |")
-    assert rows[1].startswith("| b | a, b | b (4.4000)") and rows[1].endswith("| holds |")
-    data["models"]["a"] = model(4.30)  # now a's architecture beats b's own within b's limit
-    rows = bench.thesis_rows(data)[2:]
-    assert "| b | a, b | a (4.3000)" in rows[1] and rows[1].endswith("**fails** |")
+def test_a_column_is_a_target_a_workload_about_a_metric_and_a_budget():
+    from autocompress.costmodel import get_workload
+    from autocompress.errors import AutoCompressError
+    from flows.targets import Column
+
+    column = Column.parse("cpu-local/llama.cpp/q4_0@datacenter-cpu:memory_gb=0.6")
+    assert (column.target, column.workload, column.budget_fraction) == (
+        "cpu-local/llama.cpp/q4_0", "datacenter-cpu:memory_gb", 0.6)
+    assert column.metric == "memory_gb" and column.measured
+    assert column.label == "llama.cpp-q4_0.datacenter-cpu-memory_gb"
+    assert Column.parse("rtx-5070/vllm/bf16").workload == "interactive-cpu"
+    assert not Column.parse("rtx-5070/vllm/bf16@interactive").measured
+    workload = get_workload("local-coding-cpu:ttft_ms")
+    assert workload.main_metric == "ttft_ms" and workload.isl == 512
+    assert get_workload("local-coding-cpu").main_metric == "tpot_ms"  # the preset unchanged
+    with pytest.raises(AutoCompressError, match="unknown main metric 'latency'"):
+        get_workload("interactive-cpu:latency")
+    with pytest.raises(AutoCompressError, match="unknown workload preset 'nope'"):
+        Column.parse("cpu-local/hf-eager/fp32@nope:ttft_ms")
 
 
 def test_the_matrix_measures_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
@@ -326,13 +382,13 @@ def test_the_matrix_measures_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n\nprocessor\t: 1\n")
     flags = bench.cpu_flags(cpuinfo)
     assert flags == {"fpu", "sse2", "avx2", "fma"} and not bench.native_bf16(flags)
-    assert bench.BF16 not in bench.default_measured(flags)
-    assert "avx512_bf16, amx_bf16" in bench.absent_targets(flags)[bench.BF16]
+    assert bench.BF16 not in bench.default_columns(flags)
+    assert "avx512_bf16, amx_bf16" in bench.absent_targets(flags)[bench.BF16.split("@")[0]]
     cpuinfo.write_text("flags\t\t: avx2 avx512f avx512_bf16\n")
     flags = bench.cpu_flags(cpuinfo)
     assert bench.native_bf16(flags) == ["avx512_bf16"]
-    assert bench.default_measured(flags)[-1] == bench.BF16
-    assert bench.BF16 not in bench.absent_targets(flags)
+    assert bench.BF16 in bench.default_columns(flags)
+    assert bench.BF16.split("@")[0] not in bench.absent_targets(flags)
     assert bench.cpu_flags(tmp_path / "absent") == set()
 
 
@@ -372,32 +428,42 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
     path = tmp_path / "costmodel.json"
     CostModel.analytic(Target.parse("cpu-local/llama.cpp/q8_0")).save(path)
     ref = store.publish(path, "costmodel").model_dump(mode="json")
-    matrix = {"targets": ["cpu-local/llama.cpp/q8_0"], "predicted_targets": [],
-              "workload": "interactive-cpu", "predicted_workload": "interactive",
-              "teacher": "default"}
-    terms = bench.cost_terms(ref, matrix, {})
+    terms = bench.cost_terms(ref, "interactive-cpu", "default")
     assert terms["metric"] == "tpot_ms" and terms["teacher"] > 0
     assert 0 < terms["one FFN block"] < terms["FFN widths halved"] < 1
+    assert 0 < terms["one attention block"] < terms["half the attention blocks"] < 1
     arch = arch_spec_of(load_causal_lm(str(resolve_model_dir("default")),
                                        with_tokenizer=False)[0]).to_dict()
     scores = {"heldout_loss": 4.2, "heldout_loss_stderr": 0.01, "mc_mean": 0.5,
               "mc_mean_stderr": 0.02}
-    limits = {"max_tpot_ms": 0.4}
-    matrix.update(absent=bench.absent_targets(set()),
-                  budget_fraction=0.5, budget_fractions={"cpu-local/llama.cpp/q8_0": 0.5},
-                  created="now", wall_s=1.0, eval_limit=30, options={},
-                  load_average={"before": [1, 1, 1], "after": [2, 2, 2]},
-                  models={"cpu-local/llama.cpp/q8_0": {
-                      "params": 3e6, "arch_spec": arch, "evaluation_report": scores,
-                      "limits": limits, "cost_terms": terms, "validation_mape": {"tpot": 2.0}}},
-                  cells=[{"arch": "cpu-local/llama.cpp/q8_0", "target": "cpu-local/llama.cpp/q8_0",
-                          "measured": True, "ok": True, "costs": {"tpot_ms": 0.39},
-                          "noise": {"tpot_ms": 0.01}, "predicted": {"tpot_ms": 0.38}}])
+    label = "llama.cpp-q8_0.interactive-cpu"
+    own, matched = _row([_windows(-0.05, s) for s in (0, 1)]), _row(
+        [_windows(0.0, s) for s in (0, 1)], kind="params")
+    for row in (own, matched):
+        row["arch_spec"] = arch
+
+    def cell(row, cost, ok):
+        return {"arch": row, "target": label, "measured": True, "ok": ok,
+                "costs": {"tpot_ms": cost}, "noise": {"tpot_ms": 0.01},
+                "predicted": {"tpot_ms": 0.38}}
+
+    matrix = {"teacher": "default", "seeds": [0, 1], "errors": {},
+              "absent": bench.absent_targets(set()), "created": "now", "wall_s": 1.0,
+              "eval_limit": 30, "options": {},
+              "load_average": {"before": [1, 1, 1], "after": [2, 2, 2]},
+              "columns": [{"label": label, "target": "cpu-local/llama.cpp/q8_0",
+                           "workload": "interactive-cpu", "budget_fraction": 0.5,
+                           "measured": True, "metric": "tpot_ms",
+                           "limits": {"max_tpot_ms": 0.4}, "cost_terms": terms,
+                           "validation_mape": {"tpot": 2.0}}],
+              "rows": {label: own, f"{label}.params": matched},
+              "cells": [cell(label, 0.39, True), cell(f"{label}.params", 0.48, False)]}
     selection = [{"origin": "repair", "layers": 8, "kl": 0.5, "chosen": False},
                  {"origin": "2 layers emptied", "layers": 6, "kl": 0.4, "chosen": True}]
     verification = {"measured": {"tpot_ms": 0.39}, "noise": {}, "predicted": {"tpot_ms": 0.38},
                     "limits": {"max_tpot_ms": 0.4, "max_ttft_ms": None}, "ok": True}
-    joint = {"targets": ["cpu-local/llama.cpp/q8_0"], "budget_fraction": 0.5, "params": 2e6,
+    joint = {"targets": ["cpu-local/llama.cpp/q8_0"], "workload": "interactive-cpu",
+             "budget_fraction": 0.5, "params": 2e6,
              "scores": scores, "verifications": {"cpu-local/llama.cpp/q8_0": verification},
              "selection": selection,
              "created": "now", "wall_s": 1.0, "load_average": {"before": [1, 1, 1]}}
@@ -415,7 +481,9 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
                        ("targets_pareto", family)):
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
     text = bench.write_report(tmp_path).read_text()
-    assert "✓ 0.39 ± 0.01 (pred 0.38)" in text and "| holds |" in text
+    assert "✓ 0.39 ± 0.01 (pred 0.38)" in text and "| only row within the limit |" in text
+    assert "beyond noise on **0 of 1 measured columns**" in text
+    assert "| 1,000,000, 1.20 | misses the limit by 20% |" in text
     assert "| cpu-local/llama.cpp/q8_0 | tpot_ms ≤ 0.4 | 0.39 ± – (0.38) | pass |" in text
     assert "one by one 8 s (4, 4 s)" in text
     assert ("final pick among 2 candidates (6-8 layers), each after the baseline's short "

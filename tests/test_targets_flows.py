@@ -115,3 +115,44 @@ def test_joint_and_pareto_flows_publish_a_verified_model_per_target_and_budget(f
     assert len(chosen_kl) == 2 and chosen_kl[0] <= chosen_kl[1]
     family = fetch(out["family"])
     assert sorted(p.name for p in family.iterdir()) == sorted(map(budget_label, budgets))
+
+
+@pytest.mark.slow(seconds=50)
+def test_the_matrix_distils_every_row_per_seed_and_resumes_after_an_interruption(
+        flow_env, monkeypatch):
+    """Columns of a target, a workload about another metric and a predicted GPU: each
+    column's own row, a params-matched row for the measured one, two seeds of every row
+    with per-item scores; a failure among the cells, then a re-run that takes every finished
+    stage from the cache."""
+    from flows.targets import Column, targets_matrix
+    from tasks.stage import reset_faults
+
+    # Not serial: no limit here is timed tightly (no measured loop; the checks do not ask
+    # that verify passes), so the other pytest worker's load changes no assertion.
+    columns = [Column.parse("cpu-local/hf-eager/fp32@local-coding-cpu:ttft_ms=0.9"),
+               Column.parse("rtx-5070/vllm/bf16@interactive=0.99")]
+    env = {k: v for k, v in flow_env.items() if k != "workload"}
+    monkeypatch.setenv("AUTOCOMPRESS_FAULTS", "verify:3")  # every attempt of the first cell
+    reset_faults()
+    with pytest.raises(Exception, match="injected fault"):
+        targets_matrix(columns=columns, seeds=[0, 1], **env)
+    monkeypatch.delenv("AUTOCOMPRESS_FAULTS")
+    data = targets_matrix(columns=columns, seeds=[0, 1], **env)
+    measured, predicted = (c.label for c in columns)
+    assert set(data["rows"]) == {measured, f"{measured}.params", predicted}
+    assert data["errors"] == {}
+    steps = {s["name"]: s["state"] for s in data["steps"]}
+    ran = {name for name, state in steps.items() if state != "Cached"}
+    assert ran == {f"cell.{row}.{measured}" for row in data["rows"]} | {
+        f"cell.{row}.{predicted}" for row in data["rows"]}  # the rest came from the cache
+    matched = data["rows"][f"{measured}.params"]
+    assert matched["kind"] == "params" and matched["params"] <= data["rows"][measured]["params"]
+    for row in data["rows"].values():
+        assert set(row["scores"]) == {"0", "1"} and row["models"]["0"] != row["models"]["1"]
+    column = next(c for c in data["columns"] if c["label"] == measured)
+    assert column["metric"] == "ttft_ms" and column["measured"] and "max_ttft_ms" in column[
+        "limits"]
+    cells = {(c["arch"], c["target"]): c for c in data["cells"]}
+    assert cells[measured, measured]["measured"] and cells[measured, measured]["costs"][
+        "ttft_ms"] > 0
+    assert not cells[measured, predicted]["measured"]

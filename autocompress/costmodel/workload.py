@@ -154,14 +154,29 @@ PRESETS: dict[str, Workload] = {
 }
 
 
+# Metrics a workload may be about: each has a limit that a budget fraction scales down
+# (throughput is a floor, not a cost, so it stays a limit of its own).
+MAIN_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms", "memory_gb")
+
+
 def get_workload(name: str) -> Workload:
-    """The preset called ``name``; unknown names list the presets."""
-    if name not in PRESETS:
+    """The preset called ``name``; ``PRESET:METRIC`` is that preset about another metric
+    (``local-coding-cpu:ttft_ms``: the same requests, a budget on their time to first
+    token). Unknown names list the presets."""
+    preset, _, metric = name.partition(":")
+    if preset not in PRESETS:
         raise AutoCompressError(
-            f"unknown workload preset {name!r}",
+            f"unknown workload preset {preset!r}",
             hint=f"presets: {', '.join(PRESETS)} (see `autocompress costmodel presets`)",
         )
-    return PRESETS[name]
+    if not metric:
+        return PRESETS[preset]
+    if metric not in MAIN_METRICS:
+        raise AutoCompressError(
+            f"workload {name!r} names an unknown main metric {metric!r}",
+            hint=f"write PRESET:METRIC with METRIC one of {', '.join(MAIN_METRICS)}",
+        )
+    return PRESETS[preset].model_copy(update={"name": name, "main_metric": metric})
 
 
 def default_workload_for(target_name: str) -> Workload:
