@@ -441,6 +441,11 @@ def test_measure_spec_times_a_random_weight_model_on_the_cpu(ctx):
     measured, noise = measure_spec(spec, ctx.model.config, model, tiny, repeats=3, drift=0.25)
     assert all(noise[m] >= 0.25 * measured[m] for m in ("ttft_ms", "tpot_ms", "e2e_ms"))
     assert noise["memory_gb"] == 0.0
+    assert "memory_gb" not in measured  # hf-eager's timings skip memory: the model's stands
+    # llama.cpp reports its buffers: the loop holds a memory budget to them.
+    engine = CostModel.analytic(Target.parse("cpu-local/llama.cpp/q4_0"))
+    measured, _ = measure_spec(spec, ctx.model.config, engine, tiny, repeats=2)
+    assert measured["memory_gb"] > 0 and measured["tpot_ms"] > 0
 
 
 def test_a_pick_inside_the_drift_band_misses_the_budget():

@@ -51,6 +51,11 @@ from autocompress.costmodel.gate import machine_load, quiet_window
 from autocompress.progress import Bar
 
 TIMING_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+# Memory is judged as measured where a reading measured it: llama.cpp reports its buffers
+# exactly (no noise, no drift); the hf-eager readings here skip memory (tracing every
+# allocation of each candidate costs more than the cost model's error on it), so a memory
+# budget there stays the cost model's.
+MEMORY = "memory_gb"
 # Aim this far under a budget the architecture missed: the measurement is noisy.
 MARGIN = 0.02
 # The verdicts of a reading against its budgets (``verdict``).
@@ -109,13 +114,19 @@ def with_drift(measured: dict[str, float], noise: dict[str, float],
             for m, n in noise.items()}
 
 
+def measures_memory(cost_model) -> bool:
+    """Whether a reading on this cost model's target measures memory: llama.cpp's do (the
+    engine reports its buffers), hf-eager's do not (see ``MEMORY``)."""
+    return cost_model.target.engine.name == "llama.cpp"
+
+
 def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeats: int):
     from autocompress.costmodel.measure import measure_as_fitted
     from autocompress.modeling import build_model
     from autocompress.verify import measurement_device, measurement_noise
 
     model = build_model(spec, base_config, seed=0).eval()
-    if cost_model.target.engine.name == "llama.cpp":  # timed in the engine, as a GGUF
+    if measures_memory(cost_model):  # timed in the engine, as a GGUF
         import tempfile
         from pathlib import Path
 
@@ -135,7 +146,9 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
     noise = measurement_noise(measurement)
     if measurement.paired is not None:  # how far the load moved the absolute timings
         noise[REFERENCE_SPREAD] = measurement.paired.reference_tpot_ms.spread
-    return measurement.metrics(statistic), noise
+    metrics = measurement.metrics(statistic)
+    del metrics[MEMORY]  # not measured (memory=False): the cost model's stands
+    return metrics, noise
 
 
 # A key of a reading's noise (paired timing only): the relative spread (IQR / median) of the
@@ -144,12 +157,23 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
 REFERENCE_SPREAD = "reference_spread"
 
 
+def judged(budgets: dict[str, float], measured: dict[str, float]) -> list[str]:
+    """The budgets a reading can judge: every timing budget, and memory where the reading
+    measured it (``MEMORY``)."""
+    return [m for m in budgets if m in TIMING_METRICS or (m == MEMORY and m in measured)]
+
+
+def judged_on(budgets: dict[str, float], cost_model) -> list[str]:
+    """The budgets a reading on this cost model's target will judge (before any reading)."""
+    return judged(budgets, {MEMORY: 0.0} if measures_memory(cost_model) else {})
+
+
 def missed_budgets(budgets: dict[str, float], measured: dict[str, float],
                    noise: dict[str, float] | None = None) -> list[str]:
-    """The timing budgets ``measured`` misses, its noise included (the strict side)."""
+    """The budgets ``measured`` misses, its noise included (the strict side)."""
     noise = noise or {}
-    return [m for m in budgets
-            if m in TIMING_METRICS and measured[m] + noise.get(m, 0.0) > budgets[m]]
+    return [m for m in judged(budgets, measured)
+            if measured[m] + noise.get(m, 0.0) > budgets[m]]
 
 
 def session_noise(measured: dict[str, float], noise: dict[str, float],
@@ -170,9 +194,24 @@ def verdict(budgets: dict[str, float], measured: dict[str, float],
     if not missed_budgets(budgets, measured, noise):
         return MET
     own = session_noise(measured, noise, drift)
-    over = [m for m in budgets if m in TIMING_METRICS
-            and measured[m] * (1 + drift) - budgets[m] > own.get(m, 0.0)]
+    over = [m for m in judged(budgets, measured)
+            if _with_allowance(measured, m, drift) - budgets[m] > own.get(m, 0.0)]
     return MISSED if over else WITHIN_NOISE
+
+
+def _with_allowance(measured: dict[str, float], metric: str, drift: float) -> float:
+    """A reading with the drift allowed for: timings drift between sessions, memory not."""
+    return measured[metric] * (1 + drift if metric in TIMING_METRICS else 1)
+
+
+def round_values(predicted: dict[str, float], measured: dict[str, float],
+                 noise: dict[str, float]) -> dict[str, dict[str, float]]:
+    """A round's predicted, measured and noise figures: the timings, and memory where the
+    reading measured it."""
+    metrics = [*TIMING_METRICS, *([MEMORY] if MEMORY in measured else [])]
+    return {"predicted": {m: float(predicted[m]) for m in metrics},
+            "measured": {m: float(measured[m]) for m in metrics},
+            "noise": {m: float(noise.get(m, 0.0)) for m in metrics}}
 
 
 def aim_noise(measured: dict[str, float], noise: dict[str, float], drift: float,
@@ -363,9 +402,7 @@ def measured_round(spec: ArchSpec, cost_model, workload, budgets: dict[str, floa
     tightened = corrected_budgets(inner, budgets, predicted, measured, noise)
     return MeasuredRound(
         params=spec.num_params(), met=tightened is None, budgets=budgets, aim=dict(inner),
-        stage=stage, predicted={m: float(predicted[m]) for m in TIMING_METRICS},
-        measured={m: float(measured[m]) for m in TIMING_METRICS},
-        noise={m: float(noise.get(m, 0.0)) for m in TIMING_METRICS}), tightened
+        stage=stage, **round_values(predicted, measured, noise)), tightened
 
 
 def calibrate_aim(
@@ -468,18 +505,15 @@ def judged_round(spec: ArchSpec, cost_model, workload, budgets: dict[str, float]
         timer.actions.append(f"kept a pick the timing cannot judge: {why}")
     return MeasuredRound(
         params=spec.num_params(), met=said == MET, verdict=said, why=why, budgets=budgets,
-        aim=dict(inner), stage=stage,
-        predicted={m: float(predicted[m]) for m in TIMING_METRICS},
-        measured={m: float(measured[m]) for m in TIMING_METRICS},
-        noise={m: float(noise.get(m, 0.0)) for m in TIMING_METRICS}), tightened
+        aim=dict(inner), stage=stage, **round_values(predicted, measured, noise)), tightened
 
 
 def _why(said: str, budgets: dict[str, float], predicted: dict[str, float],
          measured: dict[str, float], noise: dict[str, float], drift: float,
          cost_model) -> str:
-    """The reading of the timing budget closest to being broken, against it, in words."""
-    timed = [m for m in budgets if m in TIMING_METRICS] or list(TIMING_METRICS)
-    metric = max(timed, key=lambda m: (measured[m] * (1 + drift) + noise.get(m, 0.0))
+    """The reading of the budget closest to being broken, against it, in words."""
+    timed = judged(budgets, measured) or list(TIMING_METRICS)
+    metric = max(timed, key=lambda m: (_with_allowance(measured, m, drift) + noise.get(m, 0.0))
                  / budgets.get(m, measured[m] or 1.0))
     if metric not in budgets:
         return said
@@ -491,6 +525,8 @@ def _why(said: str, budgets: dict[str, float], predicted: dict[str, float],
     if said == MISSED:
         # The drift allowance is on the reading's side: say so, or a reading under its
         # budget (3.64 against 3.67) reads as a miss with no reason given.
+        if metric not in TIMING_METRICS:  # memory: exact, no drift
+            return f"missed: {reading}, over its {budget}"
         with_drift = measured[metric] * (1 + drift)
         return (f"missed: {reading}, {with_drift:.3g} with {drift:.0%} drift allowed for, "
                 f"over its {budget} by more than its noise")

@@ -67,7 +67,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress.arch import ArchSpec, LayerSpec
 from autocompress.arch_search.discretize import CostTables, feasible
-from autocompress.arch_search.measured import TIMING_METRICS, Reading
+from autocompress.arch_search.measured import TIMING_METRICS, Reading, judged
 from autocompress.arch_search.space import Choice, SearchSpace
 from autocompress.errors import AutoCompressError
 from autocompress.importance import Importance
@@ -306,9 +306,11 @@ def could_meet(costs: dict[str, float], budgets: dict[str, float], band: float) 
 
 def meets_as_measured(costs: dict[str, float], measured: dict[str, float],
                       noise: dict[str, float], budgets: dict[str, float]) -> bool:
-    """Timings: measurement plus its noise within the budget (the search's guard band);
-    other budgets (memory): the prediction, as in the search's measured loop."""
-    return all(measured[m] + noise.get(m, 0.0) <= b if m in TIMING_METRICS
+    """What the reading judges (timings, and memory where it measured it): measurement plus
+    its noise within the budget (the search's guard band); the rest (memory it did not
+    measure): the prediction, as in the search's measured loop."""
+    judged_here = judged(budgets, measured)
+    return all(measured[m] + noise.get(m, 0.0) <= b if m in judged_here
                else costs[m] <= b for m, b in budgets.items())
 
 
@@ -360,7 +362,7 @@ def minitron_matched(space: SearchSpace, importance: Importance, costs,
     for cand in pool:
         cand.costs = tables.evaluate(cand.choice)
     timed: list[Candidate] = []
-    if measure is None or not set(budgets) & set(TIMING_METRICS):  # memory: as predicted
+    if measure is None:
         meeting = [c for c in pool if feasible(c.costs, budgets)]
     else:
         timed = time_candidates(space, pool, budgets, measure, config, progress)

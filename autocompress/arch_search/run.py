@@ -45,7 +45,7 @@ from autocompress.arch_search.context import (
 from autocompress.arch_search.discretize import Discretized, repair
 from autocompress.arch_search.dnas import CHECKPOINT_NAME, DNAS, DNASResult
 from autocompress.arch_search.final_pick import SAFETY, FinalPick, Repairs
-from autocompress.arch_search.measured import TIMING_METRICS, MeasuredRound
+from autocompress.arch_search.measured import MeasuredRound, judged_on, round_values
 from autocompress.arch_search.minitron import (
     BaselineResult,
     minitron_for_params,
@@ -247,6 +247,8 @@ def run_minitron(
         need_costs(ctx)
         budgets = budgets_from_limits(limits, ctx.workload)
         measure = spec_timer(ctx, config)  # the search's timing, drift allowance included
+        if not judged_on(budgets, ctx.cost_model):
+            measure = None  # a memory budget no reading here measures: as predicted
         confirm = measure.confirm if measure is not None and config.confirm_timing else None
         bar = LazyBar("time candidates", progress)
         result = minitron_matched(ctx.space, ctx.importance, ctx.costs, budgets, measure, score,
@@ -272,9 +274,7 @@ def _round(ctx: SearchContext, spec: ArchSpec, measured, noise, budgets, met: bo
            ) -> MeasuredRound:
     predicted = ctx.cost_model.predict(spec, ctx.workload).metrics()
     return MeasuredRound(params=spec.num_params(), met=met, budgets=budgets,
-                         predicted={m: float(predicted[m]) for m in TIMING_METRICS},
-                         measured={m: float(measured[m]) for m in TIMING_METRICS},
-                         noise={m: float(noise.get(m, 0.0)) for m in TIMING_METRICS})
+                         **round_values(predicted, measured, noise))
 
 
 def _minitron_score(ctx: SearchContext, config: SearchConfig, progress: bool):
