@@ -48,16 +48,14 @@ browser:
 		--no-install-recommends chromium >/dev/null; } \
 		|| echo "chromium is missing (apt-get install chromium): tests/test_served.py will fail"
 
-# Two pytest workers (a module's tests stay together on one; the slow files start first,
-# longest first, in the order tests/conftest.py sets: xdist's own reorder would put the
-# files with most tests first), then, alone, the tests marked `serial`: they hold a tiny
-# model to a limit measured on this CPU, which the other worker's load can break.
-# TEST_WORKERS=0 runs the first part in one process.
+# The tests marked `serial` (they hold a tiny model to a limit timed on this CPU) run in
+# one pytest process at normal priority, while all the others run at the same time on
+# two workers at the lowest priority (nice 19, in a session of their own niced too):
+# the timed tests get a core whenever they want one, the others fill in around them.
+# tests/run_suite.py says how; TEST_WORKERS=0 runs the others in one process.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15
 test: venv browser
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
-	$(PYTEST) -m serial
+	$(PY) tests/run_suite.py --workers $(TEST_WORKERS)
 
 lint: venv
 	$(VENV)/bin/ruff check autocompress tasks flows tests bench lab

@@ -52,8 +52,8 @@ from autocompress.serving import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-# The whole module runs alone (make test's second pytest run): its served stack is
-# started once, and its tiny compression is verified against a limit timed on this CPU.
+# Its tiny compression is verified against a limit timed on this CPU: make test runs the
+# module at normal priority, the unmarked tests beside it at the lowest (tests/run_suite.py).
 pytestmark = pytest.mark.serial
 
 TEACHER_NAME = "served-teacher"
@@ -63,9 +63,9 @@ EXPERIMENT = "served"
 PLACEMENT_TIMEOUT_S = 5  # the accelerator pool is paused: nobody takes the step
 # What the test changes in the deployments' parameters: a tiny run of a teacher on the
 # cheapest CPU workload (prefect.yaml's own: the long-context coding workload), under a
-# loose limit (0.9 of the teacher's TPOT, prefect.yaml's: 0.6). The other pytest worker
-# keeps the cores busy, and a tight limit timed on a 4-probe fit sometimes read as missed
-# at verify, so nothing was registered: this tests the served plumbing, not tightness.
+# loose limit (0.9 of the teacher's TPOT, prefect.yaml's: 0.6). When other tests shared
+# the cores evenly, a tight limit timed on a 4-probe fit sometimes read as missed at
+# verify, so nothing was registered: this tests the served plumbing, not tightness.
 TINY_RUN = {"profile": "tiny", "workload": "interactive-cpu", "experiment": EXPERIMENT,
             "budget_fraction": 0.9}
 
