@@ -12,7 +12,8 @@ The lowest priority takes two settings on Linux: the nice value of the processes
 that of their session's *autogroup*. Where autogroups are on (the default of most
 distributions, see sched(7)), the kernel first shares the CPU between sessions, and nice
 values only count within one session; the served stack runs in sessions of its own, so
-nice alone would leave the two pytest runs sharing the cores evenly.
+nice alone would leave the two pytest runs sharing the cores evenly. Where autogroups are
+on but cannot be niced (a read-only /proc), the two runs go one after the other instead.
 
 Run as ``python tests/run_suite.py [--workers N]`` from the repository root (the
 Makefile's ``test`` target). The exit status is the first non-zero of the two runs.
@@ -41,6 +42,16 @@ def lowest_priority() -> None:
     os.nice(LOWEST)
 
 
+def sessions_share_evenly() -> bool:
+    """Whether autogroups are on and this process may not nice one: then nice values alone
+    would leave the two runs sharing the cores evenly (a read-only /proc, say)."""
+    try:
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+    return enabled and not os.access("/proc/self/autogroup", os.W_OK)
+
+
 def parallel_argv(workers: int) -> list[str]:
     """The tests not marked serial, on ``workers`` xdist workers (0: in one process).
 
@@ -52,18 +63,29 @@ def parallel_argv(workers: int) -> list[str]:
             "-m", "not serial"]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=2,
-                        help="xdist workers of the tests not marked serial (0: one process)")
-    args = parser.parse_args()
+def serial_argv() -> list[str]:
+    """The tests marked serial, in this one process's order (tests/conftest.py's)."""
+    return [*PYTEST, "-m", "serial"]
+
+
+def first_failure(codes: list[int]) -> int:
+    return next((code for code in codes if code), 0)
+
+
+def one_after_the_other(workers: int) -> int:
+    """The former way: the untimed tests on ``workers`` workers, then the serial ones."""
+    return first_failure([subprocess.run(parallel_argv(workers)).returncode,
+                          subprocess.run(serial_argv()).returncode])
+
+
+def side_by_side(workers: int) -> int:
+    """Both runs at once; the serial run's output follows the other's."""
     with tempfile.TemporaryFile("w+") as serial_log:
         # In a session of its own: the terminal's Ctrl-C reaches the serial run only, and
         # is passed on below, so both runs stop and tear their fixtures down.
-        parallel = subprocess.Popen(parallel_argv(args.workers), start_new_session=True,
+        parallel = subprocess.Popen(parallel_argv(workers), start_new_session=True,
                                     preexec_fn=lowest_priority)
-        serial = subprocess.Popen([*PYTEST, "-m", "serial"], stdout=serial_log,
-                                  stderr=subprocess.STDOUT)
+        serial = subprocess.Popen(serial_argv(), stdout=serial_log, stderr=subprocess.STDOUT)
         try:
             codes = [parallel.wait(), serial.wait()]
         except KeyboardInterrupt:
@@ -73,7 +95,19 @@ def main() -> int:
         print("\n---------- the tests marked serial (run beside the others, at normal "
               "priority) ----------", flush=True)
         print(serial_log.read(), end="", flush=True)
-    return next((code for code in codes if code), 0)
+    return first_failure(codes)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2,
+                        help="xdist workers of the tests not marked serial (0: one process)")
+    args = parser.parse_args()
+    if sessions_share_evenly():
+        print("make test: cannot lower a session's priority here; the tests marked serial "
+              "run after the others", flush=True)
+        return one_after_the_other(args.workers)
+    return side_by_side(args.workers)
 
 
 if __name__ == "__main__":
