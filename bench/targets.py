@@ -1,12 +1,14 @@
-"""Each target gets its own architecture, and it matters (issue 17): measured.
+"""Does each target get its own architecture, and does it matter? Measured (issue 52).
 
-``matrix``: the ``targets-matrix`` flow (``flows/targets.py``) searches each target's own
-architecture at the same relative budget (a fraction of the teacher's predicted main
-metric on that target), prunes, distils and evaluates it, then verifies every
-architecture on every measurable target with that target's cost model and limits, and
-predicts it on the GPU targets (spec-sheet cost models: predicted only). Writes
-``results/targets.json``, ``results/targets.md`` (the N×N tables, the thesis check, why
-the architectures differ) and ``results/targets_heatmaps.png``.
+``matrix``: the ``targets-matrix`` flow (``flows/targets.py``) over columns (a target, the
+workload it serves, ``PRESET:METRIC`` for a budget on another metric, and a budget as a
+fraction of the teacher's predicted cost there): each column's own architecture and, on
+measured columns, the homogeneous one of the same parameter count; each distilled once per
+seed and evaluated with per-window and per-item scores; every one verified on every
+measured column and predicted on the GPU ones (spec-sheet cost models, never counted).
+Writes ``results/targets.json``, ``results/targets.md`` (the tables, the paired verdict of
+each column, the params-matched misses, what each column pays for) and
+``results/targets_heatmaps.png``.
 
 ``pareto``: the ``pareto`` flow (one search, ``--budgets``) for one target, then, for the
 time comparison, the search of a family of the ``--one-by-one`` budgets against those
@@ -859,6 +861,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--no-track", action="store_true")
         s.add_argument("--out", default=str(RESULTS))
     m = sub.choices["matrix"]
+    # The matrix's verdicts pair MC items too, so it runs the multiple-choice tasks.
+    m.set_defaults(eval_tasks="local", eval_limit=60)
     m.add_argument("--columns", nargs="+", default=default_columns(cpu_flags()),
                    metavar="TARGET@WORKLOAD=FRACTION",
                    help="The columns: a target, its workload (PRESET or PRESET:METRIC, the "
