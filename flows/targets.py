@@ -6,10 +6,11 @@
 - ``pareto``: a family along the accuracy-cost front of one target from one search
   (``autocompress run --budget-fraction 0.3,0.5,0.7``): the shared stages once, one ``family``
   search, then prune/distill/evaluate/verify per budget.
-- ``targets_matrix``: each target's own architecture at the same relative budget, then
-  every architecture measured on every measurable target (``verify`` with that target's
-  cost model and limits) and predicted on the others: the cross-target matrix of
-  ``bench/targets.py``.
+- ``targets_matrix``: each column's own architecture (a column: a target, its workload and
+  a budget) and, on measured columns, the homogeneous one of the same parameter count, each
+  distilled once per seed; then every architecture measured on every measurable column
+  (``verify`` with that column's cost model and limits) and predicted on the others: the
+  cross-target matrix of ``bench/targets.py``.
 
 A step that exists once per target or budget is the ``compress`` flow's step with a
 suffix: ``costmodel.hf-eager-fp32``, ``arch.b0.30`` (``keyed``). Every stage is the same
