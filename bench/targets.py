@@ -184,6 +184,8 @@ def enrich_matrix(data: dict, args, load: dict, wall_s: float) -> dict:
         evaluations = {seed: _json(ref) for seed, ref in row["evaluations"].items()}
         row["evaluation_report"] = {seed: _summary(e) for seed, e in evaluations.items()}
         row["per_item"] = {seed: e.get("per_item") or {} for seed, e in evaluations.items()}
+    data["thesis"] = thesis(data)
+    data["thesis_count"] = thesis_count(data["thesis"])
     data.update(wall_s=wall_s, **_stamp(load, _options(args), args))
     return data
 
@@ -199,16 +201,16 @@ def cost_terms(costmodel_ref: dict, workload: str, teacher_name: str) -> dict[st
     there: one attention block, one FFN block (a middle layer), all FFN widths, query heads
     or KV heads halved, every other attention block removed, the hidden size halved (the
     column's cost model's own predictions)."""
+    from transformers import AutoConfig
+
     from autocompress.artifacts import ArtifactRef, fetch
     from autocompress.costmodel import CostModel, get_workload
     from autocompress.model_source import resolve_model_dir
-    from autocompress.modeling import arch_spec_of, load_causal_lm
+    from autocompress.modeling import arch_spec_of
 
     cm = CostModel.load(fetch(ArtifactRef.model_validate(costmodel_ref)))
     wl = get_workload(workload)
-    teacher, _ = load_causal_lm(str(resolve_model_dir(teacher_name or "default")),
-                                with_tokenizer=False)
-    spec = arch_spec_of(teacher)
+    spec = arch_spec_of(AutoConfig.from_pretrained(resolve_model_dir(teacher_name or "default")))
     metric = wl.main_metric
     base = cm.predict(spec, wl).metrics()[metric]
     middle = spec.num_layers // 2
@@ -554,11 +556,11 @@ def thesis_sentence(entries: list[dict]) -> str:
             f"{c['only row within the limit']}); predicted GPU columns are listed apart.")
 
 
-def thesis_rows(data: dict) -> list[str]:
+def thesis_rows(entries: list[dict]) -> list[str]:
     lines = ["| column | rows within its limit | most accurate other row | own − it: held-out "
              "loss [95% CI] | own − it: MC points [95% CI] | verdict |",
              "|---|---|---|---|---|---|"]
-    for e in thesis(data):
+    for e in entries:
         loss = (f"{e['loss']['mean']:+.4f} [{e['loss']['low']:+.4f}, {e['loss']['high']:+.4f}]"
                 if e["loss"] else "–")
         mc = (f"{100 * e['mc']['mean']:+.1f} [{100 * e['mc']['low']:+.1f}, "
@@ -743,7 +745,7 @@ def write_report(out_dir: Path) -> Path:
     own: dict[tuple[str, str], dict] = {}  # (target, workload) -> the matrix's own row
     if matrix_path.exists():
         data = json.loads(matrix_path.read_text())
-        entries = thesis(data)
+        entries = data.get("thesis") or thesis(data)  # (files from before it was kept)
         own = {(c["target"], c["workload"]): {**data["rows"][c["label"]], "limits": c["limits"]}
                for c in data["columns"] if c["label"] in data["rows"]}
         archs = [(c["label"], data["rows"][c["label"]]["arch_spec"]) for c in data["columns"]
@@ -767,7 +769,7 @@ def write_report(out_dir: Path) -> Path:
                   "paired per held-out window (loss) or per item (MC) and per seed; one rule "
                   "whichever row wins: **holds** when the loss interval lies below zero, "
                   "**reversed** when it lies above, **tie** otherwise.", "",
-                  *thesis_rows(data), "",
+                  *thesis_rows(entries), "",
                   "### Does the parameter count predict the target?", "",
                   "Each measured column's homogeneous architecture of its own row's parameter "
                   "count (Model Optimizer's `params` rule: the largest homogeneous candidate "
