@@ -333,12 +333,12 @@ def row_steps(row: str, arch_step: Step, seeds: list[int]) -> list[Step]:
     """An architecture's row: the arch, its pruned teacher, and per distillation seed a
     model and its evaluation (``model.ROW.sSEED``, ``evaluation.ROW.sSEED``)."""
     steps = [arch_step, keyed(STEPS["pruned"], row, PER_MODEL)]
+    model, evaluation = STEPS["model"], STEPS["evaluation"]
     for s in seeds:
-        steps.append(Step(f"model.{row}.s{s}", distill_model, teacher="teacher",
-                          student=f"pruned.{row}", corpus="corpus",
-                          options=f"distill_options.s{s}"))
-        steps.append(Step(f"evaluation.{row}.s{s}", evaluate_model, model=f"model.{row}.s{s}",
-                          **EVAL))
+        steps.append(Step(f"model.{row}.s{s}", model.stage, **{
+            **model.inputs, "student": f"pruned.{row}", "options": f"distill_options.s{s}"}))
+        steps.append(Step(f"evaluation.{row}.s{s}", evaluation.stage,
+                          **{**evaluation.inputs, "model": f"model.{row}.s{s}"}))
     return steps
 
 

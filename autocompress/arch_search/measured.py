@@ -126,7 +126,7 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
     from autocompress.verify import measurement_device, measurement_noise
 
     model = build_model(spec, base_config, seed=0).eval()
-    if measures_memory(cost_model):  # timed in the engine, as a GGUF
+    if cost_model.target.engine.name == "llama.cpp":  # timed in the engine, as a GGUF
         import tempfile
         from pathlib import Path
 
@@ -527,7 +527,7 @@ def _why(said: str, budgets: dict[str, float], predicted: dict[str, float],
         # budget (3.64 against 3.67) reads as a miss with no reason given.
         if metric not in TIMING_METRICS:  # memory: exact, no drift
             return f"missed: {reading}, over its {budget}"
-        with_drift = measured[metric] * (1 + drift)
+        with_drift = _with_allowance(measured, metric, drift)
         return (f"missed: {reading}, {with_drift:.3g} with {drift:.0%} drift allowed for, "
                 f"over its {budget} by more than its noise")
     fit = getattr(cost_model, "fit", None)
