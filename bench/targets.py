@@ -897,6 +897,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command != "report":
         _options(args)  # a bad --options stops the script here, before any flow
+    if args.command == "matrix":
+        from flows.targets import Column
+
+        [Column.parse(c) for c in args.columns]  # a bad column too
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.command == "matrix":

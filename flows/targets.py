@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from autocompress.artifacts import fetch
 from autocompress.costmodel import Target, get_workload
 from autocompress.defaults import DEFAULT_TARGET, DEFAULT_WORKLOAD
-from autocompress.errors import AutoCompressError
+from autocompress.errors import AutoCompressError, invalid_input
 from autocompress.limits import Limits
 from autocompress.model_source import resolve_model_dir
 from flows.common import FlowReport, Step, finish_report, new_report, run_steps, tracked_flow
@@ -293,8 +293,13 @@ class Column(BaseModel):
         memory_gb=0.6``."""
         head, _, fraction = text.partition("=")
         target, _, workload = head.partition("@")
-        column = cls(target=target, workload=workload or DEFAULT_WORKLOAD,
-                     **({"budget_fraction": float(fraction)} if fraction else {}))
+        try:
+            column = cls(target=target, workload=workload or DEFAULT_WORKLOAD,
+                         **({"budget_fraction": fraction} if fraction else {}))
+        except ValidationError as err:
+            raise invalid_input(err, f"column {text!r}", "write TARGET@WORKLOAD=FRACTION "
+                                "with a fraction above 0, e.g. cpu-local/llama.cpp/q4_0@"
+                                "interactive-cpu=0.5") from None
         Target.parse(column.target), get_workload(column.workload)  # named errors, early
         return column
 

@@ -374,6 +374,9 @@ def test_a_column_is_a_target_a_workload_about_a_metric_and_a_budget():
         get_workload("interactive-cpu:latency")
     with pytest.raises(AutoCompressError, match="unknown workload preset 'nope'"):
         Column.parse("cpu-local/hf-eager/fp32@nope:ttft_ms")
+    for fraction, why in (("abc", "valid number"), ("-1", "greater than 0")):
+        with pytest.raises(AutoCompressError, match=f"invalid column .*budget_fraction.*{why}"):
+            Column.parse(f"cpu-local/hf-eager/fp32@interactive-cpu={fraction}")
 
 
 def test_the_matrix_measures_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
