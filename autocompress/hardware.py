@@ -448,19 +448,22 @@ def load_profile(refresh: bool = False, path: Path | None = None) -> HardwarePro
 # ------------------------------------------------------------- a busy machine's cores
 
 
-def cores_taken_by_others(window_s: float = 0.5, stat: Path = Path("/proc/stat")
-                          ) -> float | None:
+def cores_taken_by_others(window_s: float = 0.5, stat: Path = Path("/proc/stat"),
+                          niced: bool = True) -> float | None:
     """How many cores other processes kept busy over ``window_s`` seconds (this process
     sleeps through it, and its own CPU time is taken off). None where that cannot be read:
     no ``/proc/stat`` (not Linux), or this process may use only some of the CPUs that
-    ``/proc/stat`` counts (a container's share of a bigger host)."""
+    ``/proc/stat`` counts (a container's share of a bigger host). ``niced=False`` leaves
+    out the user time of processes at a lower priority (a positive nice value): they give
+    their core way to a normal one, so they do not disturb a timing."""
     def sample() -> tuple[float, float]:
         lines = stat.read_text().splitlines()
         cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
         if cpus != len(os.sched_getaffinity(0)):
             raise ValueError("this process sees only some of the host's CPUs")
+        # user, nice, system, idle, iowait, irq, softirq, steal (proc(5))
         ticks = [int(x) for x in lines[0].split()[1:9]]
-        busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+        busy = sum(ticks) - ticks[3] - ticks[4] - (0 if niced else ticks[1])
         return busy / os.sysconf("SC_CLK_TCK"), time.process_time()
 
     try:

@@ -38,7 +38,9 @@ from autocompress.arch_search.measured import (
     SpecTimer,
     calibrate_aim,
     closed_loop,
+    fit_error,
     measure_spec,
+    untimed,
 )
 from autocompress.arch_search.options import SpaceConfig
 from autocompress.arch_search.selection import short_distill_scores
@@ -259,10 +261,14 @@ def spec_timer(ctx: SearchContext, config: SearchConfig) -> SpecTimer | None:
     """Times architectures on the target (once each), where this machine can time it."""
     if config.measured_rounds == 0 or not ctx.cost_model.target.measurable:
         return None
-    return SpecTimer(lambda spec: measure_spec(spec, ctx.model.config, ctx.cost_model,
-                                               ctx.workload, config.measured_repeats,
-                                               config.timing_drift),
-                     drift=config.timing_drift, busy=config.busy)
+    model, workload = ctx.cost_model, ctx.workload
+    return SpecTimer(lambda spec: measure_spec(spec, ctx.model.config, model, workload,
+                                               config.measured_repeats, config.timing_drift),
+                     drift=config.timing_drift, busy=config.busy,
+                     # a niced process gives its core way to a timing: not counted
+                     others=lambda: cores_taken_by_others(niced=False),
+                     fallback=lambda spec: untimed(model.predict(spec, workload).metrics(),
+                                                   fit_error(model)))
 
 
 def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,

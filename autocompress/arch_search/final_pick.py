@@ -32,7 +32,14 @@ from autocompress.arch_search.discretize import (
     within_radius,
 )
 from autocompress.arch_search.dnas import DNASResult
-from autocompress.arch_search.measured import MET, MISSED, WITHIN_NOISE, missed_budgets, verdict
+from autocompress.arch_search.measured import (
+    MET,
+    MISSED,
+    WITHIN_NOISE,
+    is_untimed,
+    missed_budgets,
+    verdict,
+)
 from autocompress.arch_search.selection import (
     Finalist,
     Sides,
@@ -212,7 +219,8 @@ class FinalPick:
         for f in sorted(short, key=lambda f: (f.kl, f.estimate)):
             spec = self.ctx.space.spec_of(f.choice)
             measured, noise = self.timer(spec)
-            row = {"measured": {m: measured[m] for m in self.budgets}}
+            row = {"measured": {m: measured[m] for m in self.budgets},
+                   **({"timed": False} if is_untimed(noise) else {})}
             said = self._verdict(measured, noise)
             if said == MET and self.config.confirm_timing:
                 measured, noise = self.timer.confirm(spec, self._meets)

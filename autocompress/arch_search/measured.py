@@ -35,6 +35,15 @@ the pick is kept on the cost model's prediction and the loop says so. A re-aim n
 budgets for more noise than a quiet session shows (``BusyMachine.busy_noise``), so a
 noisy session does not aim lower. ``SpecTimer.summary`` is the search report's record of
 the load, the noise and what was done (one warning line where the machine was busy).
+
+Pairing cancels the load only in part: beside one process spinning on one of 2 cores, the
+paired reading of an architecture came out 6-10% under its quiet one (a bias, not noise),
+and each timing took three times as long. So where other processes keep a core's worth of
+the machine busy (``BusyMachine.busy_cores``, read just before each timing), the timer
+waits a bounded while for them to leave and otherwise does not time: the reading is then
+the cost model's prediction plus its error on its fit's probes (``untimed``), which the
+loop judges like any other, so a pick aims under each budget by that error and is never
+re-aimed by a timing the load made. ``verify`` measures the result later.
 """
 
 from __future__ import annotations
@@ -62,6 +71,9 @@ MARGIN = 0.02
 MET, WITHIN_NOISE, MISSED = "met", "within noise", "missed"
 
 
+Reading = tuple[dict[str, float], dict[str, float]]  # (metrics, noise of each metric)
+
+
 class BusyMachine(BaseModel):
     """How the measured loop times architectures on a machine that other jobs share."""
 
@@ -69,13 +81,19 @@ class BusyMachine(BaseModel):
     busy_load: float = Field(
         1.25, ge=0, description="1-minute load average per core above which the machine "
         "counts as busy (the search's own threads make about 1.0 on their cores)")
+    busy_cores: float | None = Field(
+        0.5, ge=0, description="Cores that other processes at normal priority keep busy "
+        "(read over half a second before each timing) above which the target is not timed "
+        "after the wait below: the cost model's prediction plus its error stands instead. "
+        "None: always time.")
     busy_noise: float = Field(
         0.03, ge=0, description="Relative noise of a timing (its session's, the drift "
         "allowance apart) above which the session counts as noisy; paired timing on quiet "
         "cores shows about 1%. A re-aim budgets for no more noise than this.")
     wait_s: float = Field(
-        60.0, ge=0, description="Longest wait, all told in one search, for a quiet window "
-        "before timing again a pick that read within noise of a budget.")
+        20.0, ge=0, description="Longest wait, all told in one search, for a quiet window: "
+        "for other processes to leave the cores before a timing, or before timing again a "
+        "pick that read within noise of a budget.")
     poll_s: float = Field(5.0, gt=0, description="How often the load is read while waiting.")
 
 
@@ -92,6 +110,7 @@ class MeasuredRound(BaseModel):
     stage: str = "pick"  # "aim": a cheap pick timed to calibrate the aim (``calibrate_aim``)
     verdict: str = ""  # MET, MISSED or WITHIN_NOISE (``verdict``; empty: not judged so)
     why: str = ""  # the reading against its budget, in words (what the progress line says)
+    timed: bool = True  # False: the machine was too busy, ``measured`` is ``untimed``'s
 
 
 def measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload,
@@ -155,6 +174,31 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
 # reference's decode steps in that session, i.e. how much the machine's load moved absolute
 # timings; the ratios the search acts on are steadier (their noise is the metric's own).
 REFERENCE_SPREAD = "reference_spread"
+# A key of a reading's noise: set (to 1.0) where the architecture was not timed (``untimed``).
+UNTIMED = "untimed"
+
+
+def untimed(predicted: dict[str, float], error: dict[str, float]) -> Reading:
+    """The reading of an architecture the machine was too busy to time: the cost model's
+    ``predicted`` timings plus ``error`` (relative, per metric; its error on its fit's
+    probes) as the noise, so the strict side holds a pick to prediction plus error."""
+    metrics = {m: float(predicted[m]) for m in TIMING_METRICS}
+    noise = {m: error.get(m, 0.0) * v for m, v in metrics.items()}
+    return metrics, {**noise, UNTIMED: 1.0}
+
+
+def fit_error(cost_model) -> dict[str, float]:
+    """The cost model's relative error on its fit's probes for each timing metric (none
+    where it was not fitted here); end-to-end latency takes the larger of its two parts'."""
+    fit = getattr(cost_model, "fit", None)
+    if fit is None:
+        return {}
+    error = {m: fit.train_mape[m] / 100 for m in ("ttft_ms", "tpot_ms") if m in fit.train_mape}
+    return {**error, "e2e_ms": max(error.values(), default=0.0)}
+
+
+def is_untimed(noise: dict[str, float]) -> bool:
+    return bool(noise.get(UNTIMED))
 
 
 def judged(budgets: dict[str, float], measured: dict[str, float]) -> list[str]:
@@ -193,6 +237,8 @@ def verdict(budgets: dict[str, float], measured: dict[str, float],
     noise = noise or {}
     if not missed_budgets(budgets, measured, noise):
         return MET
+    if is_untimed(noise):  # no timing to be within the noise of: the prediction decides
+        return MISSED
     own = session_noise(measured, noise, drift)
     over = [m for m in judged(budgets, measured)
             if _with_allowance(measured, m, drift) - budgets[m] > own.get(m, 0.0)]
@@ -224,9 +270,6 @@ def aim_noise(measured: dict[str, float], noise: dict[str, float], drift: float,
             for m, n in own.items()}
 
 
-Reading = tuple[dict[str, float], dict[str, float]]  # (metrics, noise of each metric)
-
-
 class SpecTimer:
     """``measure(spec)`` once per architecture: the final pick times its short list and the
     closed loop then re-uses the winner's timing instead of taking it again.
@@ -245,18 +288,28 @@ class SpecTimer:
 
     ``recheck(spec, meets)`` is ``confirm`` for a reading within noise of a budget, after a
     bounded wait for a quiet window where the machine is busy. Every timing records the
-    machine's load and the reading's noise; ``summary`` reports them."""
+    machine's load and the reading's noise; ``summary`` reports them.
+
+    Given ``others`` (the cores other processes keep busy, None where unknown) and
+    ``fallback`` (an architecture's ``untimed`` reading), an architecture is not timed
+    while others keep ``busy.busy_cores`` or more busy after a bounded wait: its reading is
+    the fallback, kept only until the machine is quiet enough to time it."""
 
     def __init__(self, measure: Callable[[ArchSpec], Reading], drift: float = 0.0,
                  busy: BusyMachine | None = None, load: Callable[[], float] | None = None,
                  sleep: Callable[[float], None] | None = None,
-                 clock: Callable[[], float] | None = None):
+                 clock: Callable[[], float] | None = None,
+                 others: Callable[[], float | None] | None = None,
+                 fallback: Callable[[ArchSpec], Reading] | None = None):
         self._measure = measure
         self.drift = drift  # the allowance ``measure`` adds to its noise (``with_drift``)
         self.busy = busy or BusyMachine()
         # The machine's load per core, and the wait's sleep and clock (tests script them).
         self._load = load or machine_load
         self._sleep, self._clock = sleep, clock
+        self._others, self._fallback = others, fallback
+        self.untimed = 0  # readings the machine was too busy to take
+        self.others_seen = 0.0  # the most cores others kept busy when a timing was due
         self._memo: dict[str, Reading] = {}
         self._readings: dict[str, list[Reading]] = {}  # every timing of a confirmed one
         self.seconds = 0.0  # spent timing on the target
@@ -268,7 +321,7 @@ class SpecTimer:
 
     def __call__(self, spec: ArchSpec) -> Reading:
         key = spec.to_json(indent=None)
-        if key not in self._memo:
+        if key not in self._memo or is_untimed(self._memo[key][1]):
             self._memo[key] = self._timed(spec)
         return self._memo[key]
 
@@ -279,7 +332,10 @@ class SpecTimer:
         once): the second's, or, where ``meets(metrics, noise)`` says it missed, the median
         of three (a third timing, also taken once)."""
         key = spec.to_json(indent=None)
-        readings = self._readings.setdefault(key, [self(spec)])
+        first = self(spec)
+        if is_untimed(first[1]):  # nothing timed to confirm
+            return first
+        readings = self._readings.setdefault(key, [first])
         if len(readings) == 1:
             readings.append(self._timed(spec))
         if len(readings) == 2 and meets is not None and not meets(*readings[1]):
@@ -308,6 +364,9 @@ class SpecTimer:
         return self.confirm(spec, meets)
 
     def _timed(self, spec: ArchSpec) -> Reading:
+        if self._too_busy():
+            self.untimed += 1
+            return self._fallback(spec)
         started = time.perf_counter()
         load = self._load()
         try:
@@ -317,6 +376,33 @@ class SpecTimer:
             self.timings += 1
         self._record(max(load, self._load()), *reading)
         return reading
+
+    def _too_busy(self) -> bool:
+        """Whether other processes keep ``busy.busy_cores`` or more busy, after waiting for
+        them to leave (bounded by what is left of ``busy.wait_s``); says what it did."""
+        if self._others is None or self._fallback is None or self.busy.busy_cores is None:
+            return False
+        taken = self._others()
+        if taken is None or taken <= self.busy.busy_cores:
+            return False
+        self.others_seen = max(self.others_seen, taken)
+        left = self.busy.wait_s - self.waited_s
+        if left > 0:
+            def others() -> float:
+                seen = self._others()
+                return float("inf") if seen is None else seen
+
+            waited, taken = quiet_window(left, self.busy.busy_cores, self.busy.poll_s,
+                                         others, self._sleep, self._clock)
+            self.waited_s += waited
+            quiet = taken <= self.busy.busy_cores
+            self.actions.append(f"waited {waited:.0f} s for other processes to leave the "
+                                f"cores ({'they did' if quiet else 'they did not'})")
+            if quiet:
+                return False
+        self.actions.append(f"other processes kept {self.others_seen:.1f} cores busy: not "
+                            "timed, the cost model's prediction plus its error stands")
+        return True
 
     def _record(self, load: float, measured: dict[str, float],
                 noise: dict[str, float]) -> None:
@@ -338,9 +424,11 @@ class SpecTimer:
                  for m in metrics if m in TIMING_METRICS}
         spreads = [c[REFERENCE_SPREAD] for c in self.conditions
                    if c[REFERENCE_SPREAD] is not None]
-        busy = load > self.busy.busy_load or any(n > self.busy.busy_noise
-                                                 for n in noise.values())
-        out = {"busy": busy, "timings": self.timings, "load_per_core": round(load, 3),
+        busy = load > self.busy.busy_load or self.untimed > 0 or any(
+            n > self.busy.busy_noise for n in noise.values())
+        out = {"busy": busy, "timings": self.timings, "untimed": self.untimed,
+               "others_busy_cores": round(self.others_seen, 2),
+               "load_per_core": round(load, 3),
                "load_average": round(load * cores, 2), "cores": cores, "noise": noise,
                "reference_spread": max(spreads, default=None), "waited_s": self.waited_s,
                "actions": list(self.actions), "conditions": self.conditions}
@@ -358,15 +446,18 @@ class SpecTimer:
 
 def _busy_warning(summary: dict[str, Any]) -> str:
     """The one line that says the machine was too busy to time quietly, and what was done."""
-    noise = ", ".join(f"{m.split('_')[0]} ±{n:.1%}" for m, n in summary["noise"].items())
+    noise = ", ".join(f"{m.split('_')[0]} ±{n:.1%}" for m, n in summary["noise"].items()
+                      if summary["timings"])
     spread = summary["reference_spread"]
     how = ("timed paired: acted on each ratio to the reference times the reference's quiet "
            f"time (absolute timings spread {spread:.0%})" if spread is not None
-           else "timed unpaired")
-    done = "; ".join(dict.fromkeys([how, *summary["actions"]]))  # each action once
+           else "timed unpaired" if summary["timings"] else None)
+    untimed = (f"{summary['untimed']} reading(s) not timed: check the result with "
+               "`autocompress verify` on a quiet machine" if summary["untimed"] else None)
+    done = "; ".join(dict.fromkeys(a for a in [how, *summary["actions"], untimed] if a))
     return (f"machine busy while timing on the target: load average "
-            f"{summary['load_average']:.1f} on {summary['cores']} cores, noise {noise}; "
-            f"{done}")
+            f"{summary['load_average']:.1f} on {summary['cores']} cores"
+            f"{f', noise {noise}' if noise else ''}; {done}")
 
 
 def corrected_budgets(inner: dict[str, float], budgets: dict[str, float],
@@ -497,15 +588,16 @@ def judged_round(spec: ArchSpec, cost_model, workload, budgets: dict[str, float]
             spec, lambda m, n: not missed_budgets(budgets, m, n))
         said = verdict(budgets, measured, noise, timer.drift)
     tightened = None
-    if said == MISSED:
-        tightened = corrected_budgets(inner, budgets, predicted, measured,
-                                      aim_noise(measured, noise, timer.drift, timer.busy))
+    if said == MISSED:  # an untimed reading aims under the budget by the model's error
+        tightened = corrected_budgets(inner, budgets, predicted, measured, noise if is_untimed(
+            noise) else aim_noise(measured, noise, timer.drift, timer.busy))
     why = _why(said, budgets, predicted, measured, noise, timer.drift, cost_model)
     if said == WITHIN_NOISE:
         timer.actions.append(f"kept a pick the timing cannot judge: {why}")
     return MeasuredRound(
         params=spec.num_params(), met=said == MET, verdict=said, why=why, budgets=budgets,
-        aim=dict(inner), stage=stage, **round_values(predicted, measured, noise)), tightened
+        aim=dict(inner), stage=stage, timed=not is_untimed(noise),
+        **round_values(predicted, measured, noise)), tightened
 
 
 def _why(said: str, budgets: dict[str, float], predicted: dict[str, float],
@@ -517,9 +609,13 @@ def _why(said: str, budgets: dict[str, float], predicted: dict[str, float],
                  / budgets.get(m, measured[m] or 1.0))
     if metric not in budgets:
         return said
+    budget = f"{budgets[metric]:.3g} budget"
+    if is_untimed(noise):
+        relation = "over" if said == MISSED else "within"
+        return (f"not timed (machine busy): {metric} predicted {measured[metric]:.3g} + its "
+                f"error {noise[metric]:.2g}, {relation} its {budget}")
     own = session_noise(measured, noise, drift).get(metric, 0.0)
     reading = f"{metric} read {measured[metric]:.3g} ± {own:.2g}"
-    budget = f"{budgets[metric]:.3g} budget"
     if said == MET:
         return f"met: {reading}, within its {budget} (drift {drift:.0%} allowed for)"
     if said == MISSED:
