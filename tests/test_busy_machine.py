@@ -29,6 +29,7 @@ from autocompress.arch_search.measured import (
     calibrate_aim,
     closed_loop,
     untimed,
+    untimed_error,
     verdict,
 )
 from autocompress.costmodel import CostModel, Target, Workload
@@ -245,6 +246,17 @@ def test_an_untimed_reading_is_judged_on_the_prediction_plus_its_error():
     # 10.1 is "within noise" of 10.0 for a timing; a prediction has no noise to be within.
     assert verdict(budgets, *untimed({"ttft_ms": 1, "tpot_ms": 9.95, "e2e_ms": 1},
                                      {"tpot_ms": 0.01})) == MISSED
+
+
+def test_a_prediction_standing_in_for_a_timing_carries_its_error_and_the_drift():
+    from types import SimpleNamespace
+
+    fitted = SimpleNamespace(fit=SimpleNamespace(
+        train_mape={"ttft_ms": 2.0, "tpot_ms": 1.0, "memory_gb": 0.3}))
+    assert untimed_error(fitted, 0.03) == pytest.approx(
+        {"ttft_ms": 0.05, "tpot_ms": 0.04, "e2e_ms": 0.05})
+    assert untimed_error(COST_MODEL, 0.03) == pytest.approx(  # analytic: drift alone
+        {m: 0.03 for m in TIMING_METRICS})
 
 
 def test_the_target_is_not_timed_while_other_processes_keep_a_core_busy():

@@ -38,9 +38,9 @@ from autocompress.arch_search.measured import (
     SpecTimer,
     calibrate_aim,
     closed_loop,
-    fit_error,
     measure_spec,
     untimed,
+    untimed_error,
 )
 from autocompress.arch_search.options import SpaceConfig
 from autocompress.arch_search.selection import short_distill_scores
@@ -268,7 +268,7 @@ def spec_timer(ctx: SearchContext, config: SearchConfig) -> SpecTimer | None:
                      # a niced process gives its core way to a timing: not counted
                      others=lambda: cores_taken_by_others(niced=False),
                      fallback=lambda spec: untimed(model.predict(spec, workload).metrics(),
-                                                   fit_error(model)))
+                                                   untimed_error(model, config.timing_drift)))
 
 
 def measured_loop(ctx: SearchContext, config: SearchConfig, pick, spec_of,

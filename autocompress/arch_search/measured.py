@@ -38,11 +38,12 @@ the load, the noise and what was done (one warning line where the machine was bu
 
 Pairing cancels the load only in part: beside one process spinning on one of 2 cores, the
 paired reading of an architecture came out 6-10% under its quiet one (a bias, not noise),
-and each timing took three times as long. So where other processes keep a core's worth of
-the machine busy (``BusyMachine.busy_cores``, read just before each timing), the timer
+and each timing took three times as long. So where other processes keep more than half a
+core busy (``BusyMachine.busy_cores``, read just before each timing), the timer
 waits a bounded while for them to leave and otherwise does not time: the reading is then
-the cost model's prediction plus its error on its fit's probes (``untimed``), which the
-loop judges like any other, so a pick aims under each budget by that error and is never
+the cost model's prediction plus its error on its fit's probes and the drift allowance
+(``untimed``), which the loop judges like any other, so a pick aims under each budget by
+that much and is never
 re-aimed by a timing the load made. ``verify`` measures the result later.
 """
 
@@ -180,21 +181,23 @@ UNTIMED = "untimed"
 
 def untimed(predicted: dict[str, float], error: dict[str, float]) -> Reading:
     """The reading of an architecture the machine was too busy to time: the cost model's
-    ``predicted`` timings plus ``error`` (relative, per metric; its error on its fit's
-    probes) as the noise, so the strict side holds a pick to prediction plus error."""
+    ``predicted`` timings, with ``error`` (relative, per metric: ``untimed_error``) as the
+    noise, so the strict side holds a pick to prediction plus error."""
     metrics = {m: float(predicted[m]) for m in TIMING_METRICS}
     noise = {m: error.get(m, 0.0) * v for m, v in metrics.items()}
     return metrics, {**noise, UNTIMED: 1.0}
 
 
-def fit_error(cost_model) -> dict[str, float]:
-    """The cost model's relative error on its fit's probes for each timing metric (none
-    where it was not fitted here); end-to-end latency takes the larger of its two parts'."""
+def untimed_error(cost_model, drift: float) -> dict[str, float]:
+    """The relative uncertainty of a prediction standing in for a timing, per timing metric:
+    the cost model's error on its fit's probes (end-to-end latency takes the larger of its
+    two parts'; none where it was not fitted here) plus the ``drift`` allowance a timing
+    carries, since ``verify``'s session may read slower than the fit's as it may a search's."""
     fit = getattr(cost_model, "fit", None)
-    if fit is None:
-        return {}
-    error = {m: fit.train_mape[m] / 100 for m in ("ttft_ms", "tpot_ms") if m in fit.train_mape}
-    return {**error, "e2e_ms": max(error.values(), default=0.0)}
+    mape = fit.train_mape if fit is not None else {}
+    error = {m: mape.get(m, 0.0) / 100 for m in ("ttft_ms", "tpot_ms")}
+    error["e2e_ms"] = max(error.values())
+    return {m: e + drift for m, e in error.items()}
 
 
 def is_untimed(noise: dict[str, float]) -> bool:
@@ -612,8 +615,8 @@ def _why(said: str, budgets: dict[str, float], predicted: dict[str, float],
     budget = f"{budgets[metric]:.3g} budget"
     if is_untimed(noise):
         relation = "over" if said == MISSED else "within"
-        return (f"not timed (machine busy): {metric} predicted {measured[metric]:.3g} + its "
-                f"error {noise[metric]:.2g}, {relation} its {budget}")
+        return (f"not timed (machine busy): {metric} predicted {measured[metric]:.3g} + "
+                f"{noise[metric]:.2g} (its error and drift), {relation} its {budget}")
     own = session_noise(measured, noise, drift).get(metric, 0.0)
     reading = f"{metric} read {measured[metric]:.3g} ± {own:.2g}"
     if said == MET:
