@@ -259,6 +259,15 @@ def test_a_prediction_standing_in_for_a_timing_carries_its_error_and_the_drift()
         {m: 0.03 for m in TIMING_METRICS})
 
 
+def test_the_baseline_holds_an_untimed_candidate_to_the_same_prediction_plus_error():
+    from autocompress.arch_search.minitron import meets_as_measured
+
+    costs = {"tpot_ms": 9.7, "memory_gb": 0.1}
+    reading = untimed({"ttft_ms": 1.0, "tpot_ms": 9.7, "e2e_ms": 5.0}, {"tpot_ms": 0.04})
+    assert not meets_as_measured(costs, *reading, {"tpot_ms": 10.0})  # 9.7 + 4% > 10
+    assert meets_as_measured(costs, *reading, {"tpot_ms": 10.1, "memory_gb": 0.2})
+
+
 def test_the_target_is_not_timed_while_other_processes_keep_a_core_busy():
     """One core of two taken by others at every probe: the timer waits (bounded) for them
     to leave, then times nothing. The aim is calibrated on the prediction plus the cost

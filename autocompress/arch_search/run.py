@@ -45,7 +45,12 @@ from autocompress.arch_search.context import (
 from autocompress.arch_search.discretize import Discretized, repair
 from autocompress.arch_search.dnas import CHECKPOINT_NAME, DNAS, DNASResult
 from autocompress.arch_search.final_pick import SAFETY, FinalPick, Repairs
-from autocompress.arch_search.measured import MeasuredRound, judged_on, round_values
+from autocompress.arch_search.measured import (
+    MeasuredRound,
+    is_untimed,
+    judged_on,
+    round_values,
+)
 from autocompress.arch_search.minitron import (
     BaselineResult,
     minitron_for_params,
@@ -254,6 +259,8 @@ def run_minitron(
         result = minitron_matched(ctx.space, ctx.importance, ctx.costs, budgets, measure, score,
                                   config.minitron, progress=bar, confirm=confirm)
         bar.close()
+        if measure is not None:
+            measure.warn(list(budgets))  # one line where the machine was busy, as the search
         rounds = [_round(ctx, c.spec, c.measured, c.noise, budgets, bool(c.met))
                   for c in result.timed]
         rounds += [_round(ctx, c.spec, c.confirmed, c.confirmed_noise, budgets, bool(c.met))
@@ -274,7 +281,7 @@ def _round(ctx: SearchContext, spec: ArchSpec, measured, noise, budgets, met: bo
            ) -> MeasuredRound:
     predicted = ctx.cost_model.predict(spec, ctx.workload).metrics()
     return MeasuredRound(params=spec.num_params(), met=met, budgets=budgets,
-                         **round_values(predicted, measured, noise))
+                         timed=not is_untimed(noise), **round_values(predicted, measured, noise))
 
 
 def _minitron_score(ctx: SearchContext, config: SearchConfig, progress: bool):
