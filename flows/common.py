@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from autocompress.artifacts import ArtifactRef, Store
 from autocompress.tracking import get_tracker, tracking_uri
+from flows.placement import cache_hit, run_placed
 from tasks.stage import RunInfo, Stage, refs_in, stage_timings
 
 
@@ -142,7 +143,8 @@ class Steps:
     """Calls a flow's stage tasks: ``step(name, stage, **inputs)`` returns the stage's result.
 
     ``placement`` maps step names to work pools: those steps run on a worker of that pool
-    (``flows.placement``), the others in this process. Each result is kept in
+    (``flows.placement``), the others in this process, as do placed steps already in the
+    cache (nothing to run: no flow run is started for them). Each result is kept in
     ``outputs`` under its step's name (the flow's report and the lineage read them).
     """
 
@@ -159,12 +161,10 @@ class Steps:
         started = time.perf_counter()
         step_run = self.run.model_copy(update={"step": name})
         pool = self.placement.get(name)
-        if pool:
-            from flows.placement import run_placed
-
+        if pool and not cache_hit(stage, inputs, step_run):
             state_name, result, worker = run_placed(stage, inputs, step_run, pool, name)
             self._record(name, state_name, started, pool, worker)
-        else:
+        else:  # in this process; a placed step already in the cache is read here too
             state = stage(**inputs, run=step_run, return_state=True)
             self._record(name, state.name, started)
             result = state.result()  # raises the stage's exception if it failed

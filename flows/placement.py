@@ -10,7 +10,10 @@ comes back through Prefect's result storage (S3 when the store is S3).
 
 The stage keeps its cache key wherever it runs, so a placed step that already
 finished (on any worker) comes back as a cache hit, and a retried flow run
-re-runs only what failed.
+re-runs only what failed. A step whose result is already in the cache is not placed
+at all (``cache_hit``): the flow reads it from the shared result storage as it reads
+an unplaced step's, so no flow run, worker or process is started for it (and no
+worker is named for it in the lineage: none ran it).
 
 A placed step that no worker of its pool takes within ``placement_timeout_s()``
 (``AUTOCOMPRESS_PLACEMENT_TIMEOUT_S``, default 30 minutes: time for a cluster to
@@ -29,11 +32,14 @@ import typing
 from typing import Any
 
 from prefect import flow
+from prefect.results import get_result_store
+from prefect.settings import PREFECT_TASKS_REFRESH_CACHE
+from prefect.utilities.callables import get_call_parameters
 from pydantic import TypeAdapter
 
 from autocompress.errors import AutoCompressError
 from autocompress.serving import WORKER_NAME_ENV
-from tasks.stage import RunInfo, Stage
+from tasks.stage import RunInfo, Stage, StageCachePolicy
 
 STAGE_FLOW = "stage"
 # Stages are looked up by module path in these packages only: a flow-run
@@ -109,6 +115,25 @@ def run_stage(stage: str, inputs: dict[str, Any], run: RunInfo) -> dict[str, Any
     target = load_stage(stage)
     state = target(**typed_inputs(target, inputs), run=run, return_state=True)
     return {"state": state.name, "result": state.result(), "worker": worker_facts()}
+
+
+def cache_hit(stage: Stage, kwargs: dict[str, Any], run: RunInfo) -> bool:
+    """Whether ``stage(**kwargs)`` would come back from the cache, read where it would run.
+
+    The key is the one the stage's task computes (its parameters with their defaults, as
+    Prefect binds them), looked up in the result storage the task would read and write
+    (the shared store's when served). False for a stage that is not cached, or when the
+    cache is being refreshed: then the step is placed as usual.
+    """
+    task = stage._configured()
+    policy = task.cache_policy
+    refresh = task.refresh_cache if task.refresh_cache is not None \
+        else PREFECT_TASKS_REFRESH_CACHE.value()
+    if not isinstance(policy, StageCachePolicy) or refresh:
+        return False
+    parameters = get_call_parameters(task.fn, (), {**kwargs, "run": run})
+    key = policy.compute_key(None, parameters, {})
+    return get_result_store().update_for_task(task).exists(key)
 
 
 def run_placed(stage: Stage, kwargs: dict[str, Any], run: RunInfo, pool: str,

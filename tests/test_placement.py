@@ -40,6 +40,16 @@ def test_only_stages_of_this_project_can_be_placed():
             load_stage(path)
 
 
+def flow_runs_named(name: str) -> list:
+    """The flow runs called ``name`` (the server may hold other tests' runs too)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+
+
 def test_a_placed_step_no_worker_takes_fails_its_parent_naming_the_pool(prefect_server,
                                                                         monkeypatch):
     """A pool with a deployment but no worker: the placed step is cancelled after the
@@ -72,11 +82,70 @@ def test_a_placed_step_no_worker_takes_fails_its_parent_naming_the_pool(prefect_
     assert f"no worker of pool {pool!r} took step 'probe' in 3 s" in state.message
     assert time.monotonic() - started < 60
     # The untaken run is cancelled: a worker that joins later does not run it.
-    with get_client(sync_client=True) as client:
-        (placed,) = [
-            r for r in client.read_flow_runs() if r.name == f"probe@{pool}"]
+    (placed,) = flow_runs_named(f"probe@{pool}")
     assert placed.state.is_cancelled()
 
     monkeypatch.setenv(TIMEOUT_ENV, "soon")
     with pytest.raises(AutoCompressError, match=TIMEOUT_ENV):
         placement_timeout_s()
+
+
+CALLS: list[int] = []
+
+
+def _echo_stage():
+    """A cached stage defined here (its module is this test's): counts its runs."""
+    from tasks.stage import StageContext, stage
+
+    @stage("placement_echo", retries=0)
+    def placement_echo(ctx: StageContext, value: int, scale: int = 1) -> dict:
+        CALLS.append(value)
+        return {"value": value * scale}
+
+    return placement_echo
+
+
+ECHO = _echo_stage()
+
+
+def test_a_placed_step_already_in_the_cache_is_read_without_placing_it(
+        prefect_server, autocompress_home, monkeypatch):
+    """A step placed on a pool nobody serves: a cache hit comes back at once (no flow run on
+    the pool), the same step with other inputs is still placed (and times out there)."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from flows.common import Steps, new_report
+    from flows.placement import STAGE_FLOW, TIMEOUT_ENV, cache_hit
+    from tasks.stage import RunInfo
+
+    pool = "nobody-serves-the-cached"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
+        client.create_deployment(client.create_flow_from_name(STAGE_FLOW), name=pool,
+                                 work_pool_name=pool, entrypoint="flows.placement:run_stage")
+    monkeypatch.setenv(TIMEOUT_ENV, "3")
+    CALLS.clear()
+
+    @flow(name="placing-cached")
+    def placing(value: int, placement: dict[str, str]) -> tuple:
+        run = RunInfo(track=False)
+        report = new_report("placing-cached", run)
+        hit = cache_hit(ECHO, {"value": value}, run)
+        result = Steps(run, report, placement)("echo", ECHO, value=value)
+        return hit, result, report.steps[0]
+
+    hit, result, outcome = placing(7, {})  # in this process: runs, and is cached
+    assert (hit, result, outcome.state, CALLS) == (False, {"value": 7}, "Completed", [7])
+    # The default (scale=1) is part of the key, as Prefect binds it: the same key is found.
+    hit, result, outcome = placing(7, {"echo": pool})
+    assert (hit, result, outcome.state, CALLS) == (True, {"value": 7}, "Cached", [7])
+    assert outcome.pool is None and outcome.worker == {}
+    assert flow_runs_named(f"echo@{pool}") == []
+
+    state = placing(8, {"echo": pool}, return_state=True)  # not cached: placed, untaken
+    assert state.is_failed() and f"no worker of pool {pool!r} took step 'echo'" in state.message
+    assert CALLS == [7]
+    (placed,) = flow_runs_named(f"echo@{pool}")
+    assert placed.state.is_cancelled()
