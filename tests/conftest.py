@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -74,10 +76,17 @@ def tiny_tokenizer(tiny_corpus):
     return train_tokenizer((d.text for d in docs), vocab_size=512)
 
 
+# Set by tests/run_suite.py (`make test`): one Prefect test server for all its pytest
+# processes. Without it, each process starts Prefect's test harness of its own.
+SHARED_PREFECT_ENV = "AUTOCOMPRESS_TEST_PREFECT_API_URL"
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
-    """Prefect's test harness (one temporary server and database for the session)."""
+    """A temporary Prefect server and database for the session: the one `make test` shares
+    between its pytest processes, else Prefect's test harness."""
     from prefect.settings import (
+        PREFECT_API_URL,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         temporary_settings,
@@ -86,8 +95,30 @@ def prefect_server():
 
     with temporary_settings({PREFECT_SERVER_ANALYTICS_ENABLED: False,
                              PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: 600}):
-        with prefect_test_harness(server_startup_timeout=600):
-            yield
+        shared = os.environ.get(SHARED_PREFECT_ENV)
+        if shared:
+            wait_until_healthy(shared, timeout=600)
+            with temporary_settings({PREFECT_API_URL: shared}):
+                yield
+        else:
+            with prefect_test_harness(server_startup_timeout=600):
+                yield
+
+
+def wait_until_healthy(api_url: str, timeout: float) -> None:
+    """Wait for the Prefect server at ``api_url`` to answer its health check."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{api_url}/health", timeout=10) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"the shared Prefect server ({SHARED_PREFECT_ENV}={api_url}) did not "
+                        f"answer in {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,11 @@ values only count within one session; the served stack runs in sessions of its o
 nice alone would leave the two pytest runs sharing the cores evenly. Where autogroups are
 on but cannot be niced (a read-only /proc), the two runs go one after the other instead.
 
+Both runs share one Prefect test server (a temporary database), started here at normal
+priority while the runs collect their tests, instead of one per pytest process (each
+takes ~13 CPU-seconds to start): ``tests/conftest.py``'s ``prefect_server`` uses the one
+named in ``AUTOCOMPRESS_TEST_PREFECT_API_URL`` and starts its own only without it.
+
 Run as ``python tests/run_suite.py [--workers N]`` from the repository root (the
 Makefile's ``test`` target). The exit status is the first non-zero of the two runs.
 """
@@ -24,13 +29,17 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
 LOWEST = 19  # the largest nice value
+SHARED_PREFECT_ENV = "AUTOCOMPRESS_TEST_PREFECT_API_URL"  # read by tests/conftest.py
 
 
 def lowest_priority() -> None:
@@ -68,6 +77,43 @@ def serial_argv() -> list[str]:
     return [*PYTEST, "-m", "serial"]
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def shared_prefect_server() -> Iterator[str]:
+    """A Prefect server on a temporary sqlite database, as Prefect's test harness starts
+    one (no UI, ephemeral services); yields its API URL and stops it at the end.
+
+    Not waited for here: the tests' ``prefect_server`` fixture waits until it answers.
+    """
+    with tempfile.TemporaryDirectory(prefix="prefect-tests-") as home:
+        port = free_port()
+        env = {**os.environ, "PREFECT_HOME": home, "PREFECT_UI_ENABLED": "0",
+               "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_SERVER_DATABASE_CONNECTION_URL":
+                   f"sqlite+aiosqlite:///{home}/prefect-test.db"}
+        with open(Path(home) / "server.log", "w") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port",
+                 str(port), "--log-level", "error", "--lifespan", "on"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            try:
+                yield f"http://127.0.0.1:{port}/api"
+            finally:
+                server.terminate()
+                try:
+                    server.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
+
+
 def first_failure(codes: list[int]) -> int:
     return next((code for code in codes if code), 0)
 
@@ -103,11 +149,13 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2,
                         help="xdist workers of the tests not marked serial (0: one process)")
     args = parser.parse_args()
-    if sessions_share_evenly():
-        print("make test: cannot lower a session's priority here; the tests marked serial "
-              "run after the others", flush=True)
-        return one_after_the_other(args.workers)
-    return side_by_side(args.workers)
+    with shared_prefect_server() as api_url:
+        os.environ[SHARED_PREFECT_ENV] = api_url  # both runs inherit it
+        if sessions_share_evenly():
+            print("make test: cannot lower a session's priority here; the tests marked "
+                  "serial run after the others", flush=True)
+            return one_after_the_other(args.workers)
+        return side_by_side(args.workers)
 
 
 if __name__ == "__main__":
