@@ -131,6 +131,12 @@ def mlflow_db_template(tmp_path_factory) -> Path:
     return path
 
 
+# The files collected, and those among them holding a test marked ``serial`` (before
+# ``-m`` deselects any): tests/test_run_suite.py checks run_suite.serial_files() with them.
+COLLECTED_FILES = pytest.StashKey[tuple[set[Path], set[Path]]]()
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Files with a test marked ``slow`` run first, the longest first, each file together.
 
@@ -139,6 +145,9 @@ def pytest_collection_modifyitems(config, items):
     fill in around them, instead of one long file ending the run alone on one core.
     ``@pytest.mark.slow(seconds=N)`` says how long a test takes on 2 cores (default 20).
     """
+    config.stash[COLLECTED_FILES] = ({item.path for item in items},
+                                     {item.path for item in items
+                                      if item.get_closest_marker("serial")})
     longest: dict = {}
     for item in items:
         for mark in item.iter_markers("slow"):

@@ -40,6 +40,7 @@ from pathlib import Path
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]
 LOWEST = 19  # the largest nice value
 SHARED_PREFECT_ENV = "AUTOCOMPRESS_TEST_PREFECT_API_URL"  # read by tests/conftest.py
+TESTS = Path(__file__).resolve().parent
 
 
 def lowest_priority() -> None:
@@ -72,9 +73,17 @@ def parallel_argv(workers: int) -> list[str]:
             "-m", "not serial"]
 
 
+def serial_files() -> list[str]:
+    """The test files that mark a test ``serial``, found by their text: the serial run
+    collects only these (importing every test module costs a run ~10 CPU-seconds).
+    tests/test_run_suite.py checks the list against the marks pytest collects."""
+    return [str(path) for path in sorted(TESTS.glob("test_*.py"))
+            if "pytest.mark.serial" in path.read_text(encoding="utf-8")]
+
+
 def serial_argv() -> list[str]:
     """The tests marked serial, in this one process's order (tests/conftest.py's)."""
-    return [*PYTEST, "-m", "serial"]
+    return [*PYTEST, "-m", "serial", *serial_files()]
 
 
 def free_port() -> int:

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from run_suite import LOWEST, PYTEST, lowest_priority, parallel_argv, serial_argv
+from conftest import COLLECTED_FILES
+from run_suite import LOWEST, PYTEST, lowest_priority, parallel_argv, serial_argv, serial_files
 
 REPORT = ("import os; from pathlib import Path; g = Path('/proc/self/autogroup'); "
           "print(os.nice(0), os.getsid(0) == os.getpid(), "
@@ -25,8 +26,15 @@ def test_the_untimed_run_gets_the_lowest_priority_in_a_session_of_its_own():
     assert autogroup_nice == str(LOWEST)  # a new session's autogroup, niced like the run
 
 
-def test_the_two_runs_select_every_test_once():
+def test_the_two_runs_select_every_test_once(request):
     untimed, timed = parallel_argv(2), serial_argv()
     assert untimed[:len(PYTEST)] == timed[:len(PYTEST)] == PYTEST
-    assert untimed[-2:] == ["-m", f"not {timed[-1]}"] and timed[-2] == "-m"
+    marker = timed[len(PYTEST) + 1]
+    assert untimed[-2:] == ["-m", f"not {marker}"] and timed[len(PYTEST)] == "-m"
     assert untimed[untimed.index("-n") + 1] == "2" and "-n" not in timed
+    # The serial run collects only the files its text scan names: every file this session
+    # collected holds a test marked serial exactly when the scan names it.
+    assert timed[len(PYTEST) + 2:] == serial_files() and serial_files()
+    collected, with_serial = request.config.stash[COLLECTED_FILES]
+    named = {Path(path) for path in serial_files()}
+    assert {path for path in collected if path in named} == with_serial
