@@ -375,7 +375,7 @@ def share_a_busy_machine() -> None:
     current = torch.get_num_threads()
     if current <= 1:
         return
-    taken = cores_taken_by_others()
+    taken = cores_taken_by_others(niced=False)  # a niced process gives its core way
     threads = compute_threads(current, taken)
     if threads < current:
         print(f"note: other processes keep {taken:.1f} cores busy: the search computes on "
