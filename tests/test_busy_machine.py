@@ -228,10 +228,10 @@ def test_the_search_computes_on_the_cores_others_leave_free(monkeypatch, capsys)
         pytest.skip("one core: there is no team to shrink")
     try:
         torch.set_num_threads(2)
-        monkeypatch.setattr(context, "cores_taken_by_others", lambda: 0.0)
+        monkeypatch.setattr(context, "cores_taken_by_others", lambda niced=True: 0.0)
         context.share_a_busy_machine()
         assert torch.get_num_threads() == 2 and capsys.readouterr().err == ""
-        monkeypatch.setattr(context, "cores_taken_by_others", lambda: cores - 1.0)
+        monkeypatch.setattr(context, "cores_taken_by_others", lambda niced=True: cores - 1.0)
         context.share_a_busy_machine()
         assert torch.get_num_threads() == 1
         assert "computes on 1 of 2 torch threads" in capsys.readouterr().err
