@@ -476,6 +476,17 @@ def cores_taken_by_others(window_s: float = 0.5, stat: Path = Path("/proc/stat")
     return max(0.0, (busy1 - busy0 - (own1 - own0)) / (time.perf_counter() - started))
 
 
+def cores_in_the_way(threads: int, cores: int | None = None) -> float | None:
+    """Cores that other processes at normal priority keep busy beyond those a timing on
+    ``threads`` threads leaves them (``cores − threads``): 0 where they fit beside it,
+    None where unknown (``cores_taken_by_others``)."""
+    taken = cores_taken_by_others(niced=False)
+    if taken is None:
+        return None
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(0.0, taken - max(0, cores - threads))
+
+
 def compute_threads(current: int, taken: float | None, cores: int | None = None) -> int:
     """Torch threads for compute (not for timing) beside other busy processes: ``current``
     at most, and no more than the cores they leave free (at least one).

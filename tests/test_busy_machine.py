@@ -28,6 +28,7 @@ from autocompress.arch_search.measured import (
     aim_noise,
     calibrate_aim,
     closed_loop,
+    timing_threads,
     untimed,
     untimed_error,
     verdict,
@@ -289,7 +290,7 @@ def test_the_target_is_not_timed_while_other_processes_keep_a_core_busy():
     assert 20 <= timer.waited_s <= 25  # one bounded wait, then no more
     summary = timer.summary(["tpot_ms"])
     assert summary["busy"] and summary["untimed"] == timer.untimed >= 3
-    assert summary["timings"] == 0 and summary["others_busy_cores"] == 1.0
+    assert summary["timings"] == 0 and summary["cores_in_the_way"] == 1.0
     warning = summary["warning"]
     assert "waited 20 s" in warning and "not timed" in warning and "verify" in warning
 
@@ -333,3 +334,24 @@ def test_a_niced_process_is_not_counted_against_a_timing(tmp_path, monkeypatch):
         readings.append(hardware.cores_taken_by_others(window, stat=stat, niced=niced))
     every, normal = readings
     assert every == pytest.approx(1.5, abs=0.25) and normal == pytest.approx(0.5, abs=0.15)
+
+
+def test_only_the_cores_a_timing_needs_count(monkeypatch):
+    """Others busy on cores the timing does not use are no reason to skip it: 16 cores, a
+    2-thread timing, 3 cores taken leave it room; 15 take one of its two."""
+    from types import SimpleNamespace
+
+    from autocompress import hardware
+
+    monkeypatch.setattr(hardware, "cores_taken_by_others", lambda niced=True: 3.0)
+    assert hardware.cores_in_the_way(2, cores=16) == 0.0
+    assert hardware.cores_in_the_way(2, cores=2) == 3.0
+    monkeypatch.setattr(hardware, "cores_taken_by_others", lambda niced=True: 15.0)
+    assert hardware.cores_in_the_way(2, cores=16) == 1.0
+    monkeypatch.setattr(hardware, "cores_taken_by_others", lambda niced=True: None)
+    assert hardware.cores_in_the_way(2) is None
+
+    llama = CostModel.analytic(Target.parse("cpu-local/llama.cpp/q4_0", threads=1))
+    assert timing_threads(llama) == 1
+    fitted = SimpleNamespace(target=COST_MODEL.target, fit=SimpleNamespace(threads=2))
+    assert timing_threads(fitted) == 2

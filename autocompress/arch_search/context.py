@@ -39,6 +39,7 @@ from autocompress.arch_search.measured import (
     calibrate_aim,
     closed_loop,
     measure_spec,
+    timing_threads,
     untimed,
     untimed_error,
 )
@@ -51,7 +52,7 @@ from autocompress.costmodel.workload import Workload, get_workload
 from autocompress.data.corpus import ensure_corpus
 from autocompress.data.tokens import PackedTokens
 from autocompress.errors import AutoCompressError
-from autocompress.hardware import compute_threads, cores_taken_by_others
+from autocompress.hardware import compute_threads, cores_in_the_way, cores_taken_by_others
 from autocompress.importance import Importance, calibration_batches, compute_importance
 from autocompress.limits import Limits
 from autocompress.model_source import resolve_model_dir
@@ -265,8 +266,7 @@ def spec_timer(ctx: SearchContext, config: SearchConfig) -> SpecTimer | None:
     return SpecTimer(lambda spec: measure_spec(spec, ctx.model.config, model, workload,
                                                config.measured_repeats, config.timing_drift),
                      drift=config.timing_drift, busy=config.busy,
-                     # a niced process gives its core way to a timing: not counted
-                     others=lambda: cores_taken_by_others(niced=False),
+                     others=lambda: cores_in_the_way(timing_threads(model)),
                      fallback=lambda spec: untimed(model.predict(spec, workload).metrics(),
                                                    untimed_error(model, config.timing_drift)))
 

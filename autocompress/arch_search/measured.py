@@ -39,7 +39,8 @@ the load, the noise and what was done (one warning line where the machine was bu
 Pairing cancels the load only in part: beside one process spinning on one of 2 cores, the
 paired reading of an architecture came out 6-10% under its quiet one (a bias, not noise),
 and each timing took three times as long. So where other processes keep more than half a
-core busy (``BusyMachine.busy_cores``, read just before each timing), the timer
+core busy beyond those the timing leaves free (``BusyMachine.busy_cores``, read just
+before each timing), the timer
 waits a bounded while for them to leave and otherwise does not time: the reading is then
 the cost model's prediction plus its error on its fit's probes and the drift allowance
 (``untimed``), which the loop judges like any other, so a pick aims under each budget by
@@ -84,9 +85,9 @@ class BusyMachine(BaseModel):
         "counts as busy (the search's own threads make about 1.0 on their cores)")
     busy_cores: float | None = Field(
         0.5, ge=0, description="Cores that other processes at normal priority keep busy "
-        "(read over half a second before each timing) above which the target is not timed "
-        "after the wait below: the cost model's prediction plus its error stands instead. "
-        "None: always time.")
+        "beyond those a timing leaves free (read over half a second before each timing) "
+        "above which the target is not timed after the wait below: the cost model's "
+        "prediction plus its error stands instead. None: always time.")
     busy_noise: float = Field(
         0.03, ge=0, description="Relative noise of a timing (its session's, the drift "
         "allowance apart) above which the session counts as noisy; paired timing on quiet "
@@ -186,6 +187,19 @@ def untimed(predicted: dict[str, float], error: dict[str, float]) -> Reading:
     metrics = {m: float(predicted[m]) for m in TIMING_METRICS}
     noise = {m: error.get(m, 0.0) * v for m, v in metrics.items()}
     return metrics, {**noise, UNTIMED: 1.0}
+
+
+def timing_threads(cost_model) -> int:
+    """The threads a timing on this cost model's target runs on: llama.cpp's own count,
+    else the count the model was fitted with (``measure_as_fitted``), else torch's."""
+    if cost_model.target.engine.name == "llama.cpp":
+        return cost_model.target.threads
+    fit = getattr(cost_model, "fit", None)
+    if fit is not None:
+        return fit.threads
+    import torch  # lazy: this module's other users time nothing
+
+    return torch.get_num_threads()
 
 
 def untimed_error(cost_model, drift: float) -> dict[str, float]:
@@ -293,7 +307,8 @@ class SpecTimer:
     bounded wait for a quiet window where the machine is busy. Every timing records the
     machine's load and the reading's noise; ``summary`` reports them.
 
-    Given ``others`` (the cores other processes keep busy, None where unknown) and
+    Given ``others`` (the cores other processes keep busy in the timing's way, None where
+    unknown: ``hardware.cores_in_the_way``) and
     ``fallback`` (an architecture's ``untimed`` reading), an architecture is not timed
     while others keep ``busy.busy_cores`` or more busy after a bounded wait: its reading is
     the fallback, kept only until the machine is quiet enough to time it."""
@@ -312,7 +327,7 @@ class SpecTimer:
         self._sleep, self._clock = sleep, clock
         self._others, self._fallback = others, fallback
         self.untimed = 0  # readings the machine was too busy to take
-        self.others_seen = 0.0  # the most cores others kept busy when a timing was due
+        self.others_seen = 0.0  # the most cores others took in a due timing's way
         self._memo: dict[str, Reading] = {}
         self._readings: dict[str, list[Reading]] = {}  # every timing of a confirmed one
         self.seconds = 0.0  # spent timing on the target
@@ -403,8 +418,9 @@ class SpecTimer:
                                 f"cores ({'they did' if quiet else 'they did not'})")
             if quiet:
                 return False
-        self.actions.append(f"other processes kept {self.others_seen:.1f} cores busy: not "
-                            "timed, the cost model's prediction plus its error stands")
+        self.actions.append(f"other processes took {self.others_seen:.1f} of the cores the "
+                            "timing needs: not timed, the cost model's prediction plus its "
+                            "error stands")
         return True
 
     def _record(self, load: float, measured: dict[str, float],
@@ -430,7 +446,7 @@ class SpecTimer:
         busy = load > self.busy.busy_load or self.untimed > 0 or any(
             n > self.busy.busy_noise for n in noise.values())
         out = {"busy": busy, "timings": self.timings, "untimed": self.untimed,
-               "others_busy_cores": round(self.others_seen, 2),
+               "cores_in_the_way": round(self.others_seen, 2),
                "load_per_core": round(load, 3),
                "load_average": round(load * cores, 2), "cores": cores, "noise": noise,
                "reference_spread": max(spreads, default=None), "waited_s": self.waited_s,
