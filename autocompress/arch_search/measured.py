@@ -40,12 +40,11 @@ Pairing cancels the load only in part: beside one process spinning on one of 2 c
 paired reading of an architecture came out 6-10% under its quiet one (a bias, not noise),
 and each timing took three times as long. So where other processes keep more than half a
 core busy beyond those the timing leaves free (``BusyMachine.busy_cores``, read just
-before each timing), the timer
-waits a bounded while for them to leave and otherwise does not time: the reading is then
-the cost model's prediction plus its error on its fit's probes and the drift allowance
-(``untimed``), which the loop judges like any other, so a pick aims under each budget by
-that much and is never
-re-aimed by a timing the load made. ``verify`` measures the result later.
+before each timing), the timer waits a bounded while for them to leave and otherwise does
+not time: the reading is then the cost model's prediction plus its error on its fit's
+probes and the drift allowance (``untimed``), which the loop judges like any other. So a
+pick aims under each budget by that much, and nothing is re-aimed by a timing the load
+made; ``verify`` measures the result later.
 """
 
 from __future__ import annotations
@@ -308,10 +307,10 @@ class SpecTimer:
     machine's load and the reading's noise; ``summary`` reports them.
 
     Given ``others`` (the cores other processes keep busy in the timing's way, None where
-    unknown: ``hardware.cores_in_the_way``) and
-    ``fallback`` (an architecture's ``untimed`` reading), an architecture is not timed
-    while others keep ``busy.busy_cores`` or more busy after a bounded wait: its reading is
-    the fallback, kept only until the machine is quiet enough to time it."""
+    unknown: ``hardware.cores_in_the_way``) and ``fallback`` (an architecture's ``untimed``
+    reading), an architecture is not timed while others keep more than ``busy.busy_cores``
+    busy after a bounded wait: its reading is the fallback, kept only until the machine is
+    quiet enough to time it."""
 
     def __init__(self, measure: Callable[[ArchSpec], Reading], drift: float = 0.0,
                  busy: BusyMachine | None = None, load: Callable[[], float] | None = None,
@@ -396,7 +395,7 @@ class SpecTimer:
         return reading
 
     def _too_busy(self) -> bool:
-        """Whether other processes keep ``busy.busy_cores`` or more busy, after waiting for
+        """Whether other processes keep more than ``busy.busy_cores`` busy, after waiting for
         them to leave (bounded by what is left of ``busy.wait_s``); says what it did."""
         if self._others is None or self._fallback is None or self.busy.busy_cores is None:
             return False
