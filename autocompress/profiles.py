@@ -34,7 +34,9 @@ class Profile(BaseModel):
 # Each tiny value's full size is in its comment. The tiny profile fits and validates a
 # cost model like a full run, on a few probes; its gate is open (two architectures cannot
 # rank anything). The search times its pick once and keeps a wider margin for drift, so
-# that the pick still meets the limit when verification times it with few repeats.
+# that the pick still meets the limit when verification times it with few repeats; it does
+# not wait for other processes to leave the cores (a tiny run usually has a test suite
+# beside it, and is not worth the wait): it goes straight to what it does after the wait.
 TINY = Profile(
     options={
         "costmodel": {"n_probes": 4, "repeats": 1},                  # 20 probes, 3 repeats
@@ -51,7 +53,8 @@ TINY = Profile(
                    "selection": {"top_k": 1},                        # 10 short-distilled
                    "minitron": {"top_k": 2, "distill_tokens": 1_024,  # 10, 32,768 tokens
                                 "score_batches": 1},                 # 8 batches
-                   "calibration": {"num_batches": 2, "batch_size": 2, "seq_len": 64}},
+                   "calibration": {"num_batches": 2, "batch_size": 2, "seq_len": 64},
+                   "busy": {"wait_s": 0}},                           # 20 s for others to leave
         "distill": {"tokens": 4_096, "seq_len": 64, "batch_size": 4,  # 200,000 tokens
                     "warmup_steps": 2, "eval_batches": 1, "ckpt_every": 4},
         "verify": {"repeats": 2, "sessions": 1},                     # 9 repeats, 3 sessions

@@ -22,13 +22,10 @@ def readme_example() -> str:
 
 
 # Seconds per step: the flow's tiny profile (a few probes, search steps and distillation
-# tokens, an open gate: the gate itself is tested elsewhere), as the API's settings. The
-# search does not wait for other processes to leave the cores (`make test` runs other
-# tests beside this one, so the 20 s wait never found them gone): it goes straight to
-# what it does after the wait (tests/test_busy_machine.py tests the wait itself).
+# tokens, an open gate: the gate itself is tested elsewhere, and no wait for a quiet
+# machine: tests/test_busy_machine.py tests it), as the API's settings.
 TINY = {**TINY_PROFILE.options, "eval_limit": TINY_PROFILE.eval_limit,
-        "eval": TINY_PROFILE.eval_config,
-        "search": {**TINY_PROFILE.options["search"], "busy": {"wait_s": 0}}}
+        "eval": TINY_PROFILE.eval_config}
 
 
 @pytest.mark.slow

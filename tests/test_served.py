@@ -65,11 +65,9 @@ PLACEMENT_TIMEOUT_S = 5  # the accelerator pool is paused: nobody takes the step
 # cheapest CPU workload (prefect.yaml's own: the long-context coding workload), under a
 # loose limit (0.9 of the teacher's TPOT, prefect.yaml's: 0.6). When other tests shared
 # the cores evenly, a tight limit timed on a 4-probe fit sometimes read as missed at
-# verify, so nothing was registered: this tests the served plumbing, not tightness. The
-# search does not wait for other processes to leave the cores (beside the rest of `make
-# test` the 20 s wait never found them gone): it goes straight to what it does after it.
+# verify, so nothing was registered: this tests the served plumbing, not tightness.
 TINY_RUN = {"profile": "tiny", "workload": "interactive-cpu", "experiment": EXPERIMENT,
-            "budget_fraction": 0.9, "options": {"search": {"busy": {"wait_s": 0}}}}
+            "budget_fraction": 0.9}
 
 
 # ---------------------------------------------------------------- helpers
