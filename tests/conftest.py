@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from run_suite import SHARED_PREFECT_ENV  # set by `make test`: one Prefect server for all
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,9 +77,6 @@ def tiny_tokenizer(tiny_corpus):
     return train_tokenizer((d.text for d in docs), vocab_size=512)
 
 
-# Set by tests/run_suite.py (`make test`): one Prefect test server for all its pytest
-# processes. Without it, each process starts Prefect's test harness of its own.
-SHARED_PREFECT_ENV = "AUTOCOMPRESS_TEST_PREFECT_API_URL"
 
 
 @pytest.fixture(scope="session")
