@@ -14,7 +14,7 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv browser demo test lint bench clean
+.PHONY: venv browser demo test lint bench campaign clean
 
 venv: $(STAMP)
 
@@ -63,6 +63,12 @@ lint: venv
 bench: venv
 	$(PY) -m bench.costmodel_validate
 	$(PY) -m bench.compare
+
+# The decisive comparison's next unit (bench/campaign.py; lab/plans/decisive-comparison.md),
+# committing each finished step. Start it first in a session, in the background:
+#   nohup make campaign > campaign.log 2>&1 &
+campaign: venv
+	$(PY) -m bench.campaign run --commit
 
 clean:
 	rm -rf $(VENV) .autocompress
