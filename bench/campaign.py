@@ -342,7 +342,7 @@ def run_unit(unit: Unit, units: list[Unit], results: Path = RESULTS, runner: Run
     record["finished"] = _now()
     write_record(here, record)
     if commit:
-        git_commit([here / "unit.json", log], f"campaign {unit.id}: finished")
+        git_commit([here / "unit.json"], f"campaign {unit.id}: finished")
     return record
 
 
