@@ -28,6 +28,7 @@ import json
 import re
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -286,7 +287,16 @@ def run_logged(argv: list[str], log: Path) -> int:
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(argv)}\n")
         out.flush()
-        return subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+        child = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return child.wait()
+        finally:  # stopped (Ctrl-C, SIGTERM): the step stops with it, resumable
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
 
 
 def git_commit(paths: list[Path], message: str) -> None:
@@ -336,7 +346,7 @@ def run_unit(unit: Unit, units: list[Unit], results: Path = RESULTS, runner: Run
                                           "finished": _now()}
         write_record(here, record)
         print(f"[campaign] {unit.id}: {step.name} done", flush=True)
-        if commit and step.out.is_relative_to(ROOT) and "work" not in step.out.parts:
+        if commit and _published(step.out):
             git_commit([step.out, here / "unit.json"], f"campaign {unit.id}: {step.name} "
                        f"({record['steps'].get(step.name, {}).get('seconds', 0) / 3600:.2f} h)")
     record["finished"] = _now()
@@ -344,6 +354,11 @@ def run_unit(unit: Unit, units: list[Unit], results: Path = RESULTS, runner: Run
     if commit:
         git_commit([here / "unit.json"], f"campaign {unit.id}: finished")
     return record
+
+
+def _published(path: Path) -> bool:
+    """Whether a step's output is a result to commit (not a model under ``work/``)."""
+    return path.is_relative_to(ROOT) and "work" not in path.relative_to(ROOT).parts
 
 
 def _set_aside_if_modelless(step: Step) -> int:
@@ -460,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {step.name} -> {step.out.relative_to(ROOT)}")
             print(" ".join(step.argv) if step.argv else f"  (from {step.needs})")
         return 0
+    # SIGTERM (a session ending, `kill`) stops the unit as Ctrl-C does: the running step's
+    # command is stopped too, and the next run resumes there.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.perf_counter()
     run_unit(unit, units, commit=args.commit)
     print(f"[campaign] {unit.id} finished in {(time.perf_counter() - t0) / 3600:.2f} h")

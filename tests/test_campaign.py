@@ -156,3 +156,9 @@ def test_status_shows_each_units_methods_hours_host_and_teacher_reading(tmp_path
     assert "| 50-s0-a | 2/2 (greedy, minitron-scored) | done |" in table
     assert "2.750 (51%)" in table
     assert campaign.main(["status"]) == 0
+
+
+def test_results_are_committed_and_models_under_work_are_not():
+    here = campaign.RESULTS / "50-s0-a"
+    assert campaign._published(here / "compare_greedy.json")
+    assert not campaign._published(here / "work" / "distilled_greedy" / "config.json")
