@@ -1,0 +1,184 @@
+"""vLLM as a served engine: real servers (.venv-vllm) on a model pruned from the bundled teacher.
+
+The pruned model is heterogeneous the ways vLLM's DeciLM reads: a layer without
+attention, KV groups of 4 and 8 query heads, FFN widths 768/512/256, a layer with
+neither block. One server serves the module's checks; the two tests of what happens
+when its parent is interrupted or killed start one each, in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from autocompress import vllm_engine
+from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
+from autocompress.errors import AutoCompressError
+from autocompress.importance import random_importance
+from autocompress.modeling import load_causal_lm
+from autocompress.paths import default_teacher_dir
+from autocompress.prune import prune
+
+try:
+    vllm_engine.vllm_python()
+except AutoCompressError as err:  # an unsupported platform: the set-up said why
+    pytest.skip(f"vLLM is not installed here: {err}", allow_module_level=True)
+
+from autocompress.vllm_client import measure_serving, prompt_logprobs  # noqa: E402
+
+torch.set_num_threads(1)
+PROMPT = [5, 17, 99, 3, 64, 120, 7, 45, 88, 301, 2048, 11, 4000, 9, 512, 77]
+GONE_WITHIN_S = 60.0  # vLLM's shutdown after SIGTERM, beside a busy machine
+
+
+def _layer(heads: int, kv: int, ffn: int) -> LayerSpec:
+    return LayerSpec(attention=AttentionSpec(num_heads=heads, num_kv_heads=kv) if heads else None,
+                     ffn=FFNSpec(intermediate_size=ffn) if ffn else None)
+
+
+HETEROGENEOUS = [_layer(8, 2, 768), _layer(0, 0, 512), _layer(8, 1, 256), _layer(0, 0, 0),
+                 _layer(8, 2, 512)]
+
+
+def _pruned(out: Path, layers: list[LayerSpec]):
+    """The bundled teacher pruned to ``layers``, saved with its tokenizer."""
+    teacher, _ = load_causal_lm(default_teacher_dir(), with_tokenizer=False)
+    model = prune(teacher, random_importance(teacher), ArchSpec(hidden_size=256, layers=layers))
+    model.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(default_teacher_dir() / name, out / name)
+    return model
+
+
+@pytest.fixture(scope="module")
+def pruned(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pruned") / "model"
+    return _pruned(path, HETEROGENEOUS), path
+
+
+@pytest.fixture(scope="module")
+def export(pruned, tmp_path_factory):
+    return vllm_engine.export_for_vllm(pruned[1], tmp_path_factory.mktemp("export") / "nas")
+
+
+@pytest.fixture(scope="module")
+def server(export, tmp_path_factory):
+    with vllm_engine.VllmServer(export, dtype="fp32", max_model_len=256, max_num_seqs=4,
+                                max_logprobs=-1, log_dir=tmp_path_factory.mktemp("logs")) as s:
+        yield s
+
+
+def test_a_heterogeneous_export_serves_pytorchs_log_probs(pruned, server):
+    """Every prompt position's log-probabilities over the whole vocabulary, fp32."""
+    model, _ = pruned
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([PROMPT])).logits[0].double(), -1)[:-1]
+    rows = prompt_logprobs(server, PROMPT)
+    got = torch.tensor([[row[t] for t in range(expected.shape[1])] for row in rows],
+                       dtype=torch.double)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() < 1e-4
+
+
+def test_concurrent_requests_are_timed_and_memory_is_vllms(pruned, server):
+    report = measure_serving(server, isl=24, osl=6, batch=3, vocab_size=4096, rounds=1,
+                             warmup=0)
+    assert report.tpot_ms.n == report.ttft_ms.n == 3 and report.itl_ms.n == 3 * 5
+    assert 0 < report.ttft_ms.median <= report.e2e_ms.median
+    assert report.tpot_ms.p99 >= report.tpot_ms.median > 0
+    assert report.output_throughput == pytest.approx(6 * report.request_throughput)
+
+    memory = server.memory()
+    model, _ = pruned
+    # The KV cache vLLM allocated holds, per token, K and V of every attention layer.
+    kv_per_token = sum(2 * layer.attention.num_kv_heads * 32 * 4
+                       for layer in HETEROGENEOUS if layer.attention)
+    assert memory.kv_bytes_per_token == kv_per_token
+    assert memory.weights_bytes == 4 * sum(p.numel() for p in model.parameters())
+    blocks = -(-(24 + 6 - 1) // memory.block_size)
+    assert memory.serving_bytes(24 + 6 - 1, 3) == memory.weights_bytes \
+        + 3 * blocks * memory.block_size * kv_per_token
+
+
+def test_a_model_vllm_cannot_load_exactly_is_refused_before_any_engine_starts(tmp_path):
+    """Query heads differ per layer: vLLM's DeciLM has one count (it would mis-read it)."""
+    path = tmp_path / "model"
+    _pruned(path, [_layer(8, 2, 768), _layer(4, 1, 768)])
+    running, children, began = set(vllm_engine._running), set(_children()), time.monotonic()
+    with pytest.raises(AutoCompressError, match="vllm"), \
+            vllm_engine.served_model(path, tmp_path / "work"):
+        pass
+    assert time.monotonic() - began < 30  # no engine start (~20-40 s) was paid for
+    assert vllm_engine._running == running and set(_children()) <= children
+    assert not (tmp_path / "work" / "nemotron-nas").exists()  # nor was anything exported
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    return [pid for pid in vllm_engine._pids() if _ppid(pid) == me]
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+# ------------------------------------------------------- no orphans
+
+_CHILD = textwrap.dedent("""
+    import sys, time
+    from autocompress.vllm_engine import VllmServer
+    with VllmServer(sys.argv[1], max_model_len=128, max_num_seqs=2, log_dir=sys.argv[2]) as s:
+        print(s.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+def _server_in_a_child(export, tmp_path) -> tuple[subprocess.Popen, int]:
+    """A child process serving ``export``; (the child, its server's process group)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(export), str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    line = child.stdout.readline()
+    assert line.strip().isdigit(), f"the child did not start a server: {line!r}"
+    pgid = int(line)
+    assert vllm_engine.group_alive(pgid)
+    return child, pgid
+
+
+def _gone(pgid: int) -> bool:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while vllm_engine.group_alive(pgid):
+        if time.monotonic() > deadline:
+            os.killpg(pgid, signal.SIGKILL)  # leave nothing behind for the next test
+            return False
+        time.sleep(0.5)
+    return True
+
+
+@pytest.mark.slow(seconds=90)
+def test_ctrl_c_in_the_parent_stops_the_server(export, tmp_path):
+    child, pgid = _server_in_a_child(export, tmp_path)
+    child.send_signal(signal.SIGINT)  # KeyboardInterrupt: the with block's exit
+    child.wait(timeout=GONE_WITHIN_S)
+    assert _gone(pgid)
+
+
+@pytest.mark.slow(seconds=90)
+def test_a_killed_parent_takes_its_server_down(export, tmp_path):
+    """SIGKILL: no finally, no atexit; the kernel's parent-death signal stops the server."""
+    child, pgid = _server_in_a_child(export, tmp_path)
+    child.kill()
+    child.wait(timeout=30)
+    assert _gone(pgid)
