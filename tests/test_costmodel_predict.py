@@ -136,7 +136,11 @@ def test_unknown_target_lists_the_known_ones():
     with pytest.raises(AutoCompressError, match="engine"):
         Target.parse("h100-sxm/tgi/bf16")
     with pytest.raises(AutoCompressError, match="CPU"):
-        Target.parse("cpu-local/vllm/fp32")
+        Target.parse("cpu-local/trtllm/fp32")
+    with pytest.raises(AutoCompressError, match="vllm on the CPU"):
+        Target.parse("cpu-local/vllm/fp8")
+    assert Target.parse("cpu-local/vllm").name == "cpu-local/vllm/fp32"
+    assert "cpu-local/vllm/bf16" in known_targets()
     assert "b200/trtllm/fp8" in known_targets()
     assert Target.parse("H200/vLLM").name == "h200/vllm/bf16"
 

@@ -109,6 +109,29 @@ def test_concurrent_requests_are_timed_and_memory_is_vllms(pruned, server):
         + 3 * blocks * memory.block_size * kv_per_token
 
 
+@pytest.mark.slow(seconds=60)
+def test_verify_measures_the_model_as_vllm_serves_it(pruned, export, tmp_path, monkeypatch):
+    """``verify`` on cpu-local/vllm exports a model directory and serves the export."""
+    from autocompress.costmodel.workload import Workload
+    from autocompress.limits import Limits
+    from autocompress.verify import verify
+
+    monkeypatch.setenv("AUTOCOMPRESS_HOME", str(tmp_path / "home"))
+    workload = Workload(name="tiny", isl=24, osl=6, batch=2)
+    memory_limit = 1e-9 * vllm_engine.served_weight_bytes(export, "fp32")  # weights alone
+    report = verify(pruned[1], "cpu-local/vllm/fp32", workload,
+                    Limits(max_tpot_ms=1e5, max_memory_gb=memory_limit), repeats=2, warmup=1)
+    assert report.violations == ["memory_gb"]  # the KV blocks come on top of the weights
+    block = int(report.measurement["memory_detail"]["block_size"])
+    kv = 2 * -(-(24 + 6 - 1) // block) * block * vllm_engine.kv_token_bytes(export, "fp32")
+    assert report.measured["memory_gb"] == pytest.approx(memory_limit + 1e-9 * kv)
+    assert 0 < report.measured["ttft_ms"] and 0 < report.measured["tpot_ms"] < 1e5
+    assert report.measurement["device"] == "cpu (vLLM)" and "vLLM" in report.measurement["what"]
+    (serving,) = report.measurement["serving"]
+    assert serving["tpot_ms"]["n"] == 2 * 2 and serving["request_throughput"] > 0
+    assert report.predicted is not None  # the analytic model, until vLLM is fitted here
+
+
 def test_a_model_vllm_cannot_load_exactly_is_refused_before_any_engine_starts(tmp_path):
     """Query heads differ per layer: vLLM's DeciLM has one count (it would mis-read it)."""
     path = tmp_path / "model"

