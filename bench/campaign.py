@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import secrets
 import shutil
@@ -281,13 +282,39 @@ def _now() -> str:
 Runner = Callable[[list[str], Path], int]
 
 
-def run_logged(argv: list[str], log: Path) -> int:
-    """Run one step's command with its output appended to the unit's log."""
+def campaign_commit(units: list[Unit], results: Path = RESULTS) -> str:
+    """The commit every unit's code comes from: the one that started the first unit
+    (the plan's frozen code), or HEAD before any unit has started."""
+    first = read_record(unit_dir(units[0], results))
+    return first.get("commit") or frozen_commit()
+
+
+def frozen_tree(commit: str) -> Path:
+    """A git worktree of ``commit`` in the work directory (made again where it is gone):
+    the unit's commands import the search, the flows and the benchmarks from there, so
+    work landing on main meanwhile changes neither what a unit computes nor its stage
+    cache's keys."""
+    from autocompress.paths import home
+
+    tree = home() / "campaign" / f"code-{commit[:12]}"
+    if not (tree / ".git").exists():
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(tree), commit], cwd=ROOT,
+                       check=True, capture_output=True)
+    return tree
+
+
+def run_logged(argv: list[str], log: Path, code: Path = ROOT) -> int:
+    """Run one step's command from the code in ``code``, its output appended to the
+    unit's log."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    # The worktree's packages come first on the path (the editable install's finder is last).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
     with log.open("a") as out:
-        out.write(f"\n$ {' '.join(argv)}\n")
+        out.write(f"\n$ (in {code}) {' '.join(argv)}\n")
         out.flush()
-        child = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(argv, cwd=code, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             return child.wait()
         finally:  # stopped (Ctrl-C, SIGTERM): the step stops with it, resumable
@@ -478,8 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a session ending, `kill`) stops the unit as Ctrl-C does: the running step's
     # command is stopped too, and the next run resumes there.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    code = frozen_tree(campaign_commit(units))
+    print(f"[campaign] {unit.id}: code from {code}", flush=True)
     t0 = time.perf_counter()
-    run_unit(unit, units, commit=args.commit)
+    run_unit(unit, units, commit=args.commit,
+             runner=lambda argv, log: run_logged(argv, log, code))
     print(f"[campaign] {unit.id} finished in {(time.perf_counter() - t0) / 3600:.2f} h")
     print(status_table(status_rows(units)))
     return 0
