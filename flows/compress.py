@@ -64,7 +64,9 @@ ARCH_STAGES: dict[str, Stage] = {"autocompress": search_arch, "greedy": ablation
 STAGE_OPTIONS = tuple(STAGE_CONFIGS)
 # Engine targets (cpu-local/llama.cpp/*) serve an exported file: it is exported after
 # distillation, and that file is what is verified in the engine and registered.
-ENGINES_SERVING_FILES = ("llama.cpp",)
+# Engines measured here that serve an export, not the model directory: llama.cpp a GGUF file,
+# vLLM a nemotron-nas directory (what a vLLM user deploys; verify measures that export).
+ENGINES_SERVING_FILES = ("llama.cpp", "vllm")
 # Steps whose outputs form a registered model's lineage, in order (absent ones skipped).
 LINEAGE = ("teacher", "corpus", "profile", "costmodel", "validation", "importance", "arch",
            "pruned", "model", "evaluation", "engine_model", "verification")
@@ -229,7 +231,7 @@ def behind_gate(method: str, validation: ArtifactRef) -> dict[str, Any]:
 def serves_a_file(target: str) -> bool:
     """Whether ``target``'s engine serves an exported file rather than the model directory."""
     parts = target.split("/")
-    return len(parts) > 1 and parts[1] in ENGINES_SERVING_FILES
+    return len(parts) > 1 and parts[0] == "cpu-local" and parts[1] in ENGINES_SERVING_FILES
 
 
 def minitron_baseline(step: Steps, search: dict[str, Any], distill_options: dict[str, Any],

@@ -555,6 +555,9 @@ def test_an_engine_target_exports_verifies_and_registers_the_engine_file(recorde
     assert inputs["registered"]["model"].uri == engine_file
     chain = list(inputs["registered"]["lineage"].artifacts)
     assert chain.index("engine_model") == chain.index("verification") - 1
+    served = recorded(target="cpu-local/vllm/bf16", register_as="m")  # a nemotron-nas export
+    assert _names(served).index("engine_model") == _names(served).index("verification") - 1
+    assert "engine_model" not in _names(recorded(target="h100-sxm/vllm/bf16", register_as="m"))
     plain = recorded(register_as="m")
     assert "engine_model" not in _names(plain)
     assert {name: given for name, _s, given in plain}["registered"]["model"].uri == \
