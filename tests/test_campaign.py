@@ -162,3 +162,22 @@ def test_results_are_committed_and_models_under_work_are_not():
     here = campaign.RESULTS / "50-s0-a"
     assert campaign._published(here / "compare_greedy.json")
     assert not campaign._published(here / "work" / "distilled_greedy" / "config.json")
+
+
+def test_a_units_commands_import_the_frozen_commits_code(tmp_path, home):
+    import subprocess
+    import sys
+
+    commit = campaign.frozen_commit()
+    tree = campaign.frozen_tree(commit)
+    try:
+        assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True,
+                              text=True).stdout.strip() == commit
+        log = tmp_path / "unit.log"
+        code = campaign.run_logged([sys.executable, "-c", "import autocompress, bench; "
+                                    "print(autocompress.__file__, bench.__file__)"], log, tree)
+        assert code == 0
+        assert log.read_text().count(str(tree)) >= 3  # the header and both packages
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)],
+                       cwd=campaign.ROOT, capture_output=True)
