@@ -333,9 +333,10 @@ WHAT_IS_TIMED = {
                  "token with a DynamicCache, greedy argmax); generate's own per-token Python "
                  "work is not included"),
     "vllm": ("the nemotron-nas export served by vLLM's OpenAI server (eager): batch "
-             "concurrent streamed requests per round, continuously batched; TTFT and TPOT "
-             "(e2e - TTFT over osl - 1) per request; memory as vLLM accounts it (weights + "
-             "the KV blocks the sequences hold)"),
+             "concurrent streamed requests per round, continuously batched; TTFT (queued to "
+             "first token) and TPOT (first to last token over osl - 1) as vLLM's engine "
+             "times them, each a round's mean over its requests; memory as vLLM accounts "
+             "it (weights + the KV blocks the sequences hold)"),
     "llama.cpp": ("the GGUF served by llama.cpp: one llama_decode of the whole prompt batch "
                   "(plus each sequence's argmax), then one decode call per output token for "
                   "all sequences; memory as the engine reports its buffers"),

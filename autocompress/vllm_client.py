@@ -13,6 +13,12 @@ ids (``return_token_ids``), so every token's arrival is known.
 - **Throughput**: requests (and output tokens) per second of a round's wall time,
   pooled over rounds.
 
+vLLM's engine times each request too (``engine_round``: its ``/metrics`` histograms
+read before and after a round, timestamps taken by the engine core): TTFT from
+reaching the engine to the first token, TPOT from first to last token. Those do not
+move when the API server, starved of CPU, streams several steps in one chunk, which
+the client's figures do on a busy machine.
+
 A round sends ``batch`` requests at once (the workload convention: every prompt
 arrives together), which vLLM's scheduler batches continuously; each round uses new
 random prompts, so its prefix cache (on by default) finds nothing to reuse.
@@ -28,6 +34,7 @@ import http.client
 import itertools
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -88,12 +95,15 @@ class Distribution(BaseModel):
 
 
 class ServingReport(BaseModel):
-    """How vLLM served ``rounds`` rounds of ``batch`` concurrent requests."""
+    """How vLLM served ``rounds`` rounds of ``batch`` concurrent requests: as the client saw
+    each request, and as vLLM's engine timed each round (means over its requests)."""
 
     isl: int
     osl: int
     batch: int
     rounds: int
+    engine_ttft_ms: Distribution  # over rounds
+    engine_tpot_ms: Distribution
     ttft_ms: Distribution
     tpot_ms: Distribution
     itl_ms: Distribution
@@ -101,6 +111,52 @@ class ServingReport(BaseModel):
     request_throughput: float  # requests per second
     output_throughput: float  # generated tokens per second
     duration_s: float  # wall time of the timed rounds together
+
+
+# ------------------------------------------------------------------ vLLM's own clock
+
+# vLLM's per-request histograms, timed by its engine core when a request finishes: the
+# wait for scheduling, scheduling to first token, first to last token, and the latter
+# over the tokens after the first (its TPOT).
+ENGINE_HISTOGRAMS = {"queue": "vllm:request_queue_time_seconds",
+                     "prefill": "vllm:request_prefill_time_seconds",
+                     "tpot": "vllm:request_time_per_output_token_seconds"}
+_SERIES = re.compile(r"^(vllm:[a-z_]+)_(sum|count)\{[^}]*\} ([0-9.eE+-]+)$", re.M)
+METRICS_WAIT_S = 30.0
+
+
+def engine_totals(server: VllmServer) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each of ``ENGINE_HISTOGRAMS`` so far."""
+    found: dict[str, dict[str, float]] = {}
+    for name, kind, value in _SERIES.findall(server.metrics_text()):
+        found.setdefault(name, {})[kind] = found.get(name, {}).get(kind, 0.0) + float(value)
+    return {key: (found.get(name, {}).get("sum", 0.0), found.get(name, {}).get("count", 0.0))
+            for key, name in ENGINE_HISTOGRAMS.items()}
+
+
+@dataclass
+class EngineRound:
+    """One round as vLLM's engine timed it: means over its requests (ms)."""
+
+    ttft_ms: float  # queue + prefill: arrival at the engine to the first token
+    tpot_ms: float
+
+
+def engine_round(server: VllmServer, before: dict[str, tuple[float, float]], requests: int
+                 ) -> EngineRound:
+    """The engine's figures for the ``requests`` that finished since ``before``."""
+    deadline = time.monotonic() + METRICS_WAIT_S
+    while True:  # the histograms are updated as the frontend handles the last outputs
+        after = engine_totals(server)
+        counts = {k: after[k][1] - before[k][1] for k in after}
+        if all(c >= requests for c in counts.values()):
+            break
+        if time.monotonic() > deadline:
+            raise AutoCompressError(f"vLLM's metrics count {counts} finished requests, not "
+                                    f"{requests}", hint=f"see {server.service.log}")
+        time.sleep(0.05)
+    mean = {k: (after[k][0] - before[k][0]) / counts[k] * 1000 for k in after}
+    return EngineRound(ttft_ms=mean["queue"] + mean["prefill"], tpot_ms=mean["tpot"])
 
 
 # ------------------------------------------------------------------ one request
@@ -183,29 +239,41 @@ def random_prompts(batch: int, isl: int, vocab_size: int, rng: random.Random,
     return [[rng.choice(allowed) for _ in range(isl)] for _ in range(batch)]
 
 
+@dataclass
+class Rounds:
+    """Timed rounds: every request as the client saw it, each round as vLLM's engine timed
+    it, and the rounds' wall time together (s)."""
+
+    requests: list[RequestTiming]
+    engine: list[EngineRound]
+    duration_s: float
+
+
 def time_rounds(server: VllmServer, *, isl: int, osl: int, batch: int, vocab_size: int,
                 rounds: int = 3, warmup: int = 1, seed: int = 0, avoid: Sequence[int] = ()
-                ) -> tuple[list[RequestTiming], float]:
-    """Every request of ``rounds`` rounds of ``batch`` concurrent ones (after ``warmup``
-    rounds), and the rounds' wall time together (s)."""
+                ) -> Rounds:
+    """``rounds`` rounds of ``batch`` concurrent requests after ``warmup`` rounds."""
     if osl < 2:
         raise AutoCompressError("TPOT needs at least 2 output tokens", hint="use osl >= 2")
     rng = random.Random(seed)
     for _ in range(warmup):
         serve_round(server, random_prompts(batch, isl, vocab_size, rng, avoid), osl)
-    timings: list[RequestTiming] = []
-    duration = 0.0
+    timed = Rounds(requests=[], engine=[], duration_s=0.0)
     for _ in range(rounds):
+        before = engine_totals(server)
         done, wall = serve_round(server, random_prompts(batch, isl, vocab_size, rng, avoid), osl)
-        timings += done
-        duration += wall
-    return timings, duration
+        timed.engine.append(engine_round(server, before, batch))
+        timed.requests += done
+        timed.duration_s += wall
+    return timed
 
 
-def serving_report(timings: list[RequestTiming], duration: float, *, isl: int, osl: int,
-                   batch: int) -> ServingReport:
+def serving_report(timed: Rounds, *, isl: int, osl: int, batch: int) -> ServingReport:
+    timings, duration = timed.requests, timed.duration_s
     return ServingReport(
-        isl=isl, osl=osl, batch=batch, rounds=len(timings) // batch,
+        isl=isl, osl=osl, batch=batch, rounds=len(timed.engine),
+        engine_ttft_ms=Distribution.of([r.ttft_ms for r in timed.engine]),
+        engine_tpot_ms=Distribution.of([r.tpot_ms for r in timed.engine]),
         ttft_ms=Distribution.of([t.ttft_ms for t in timings]),
         tpot_ms=Distribution.of([t.tpot_ms for t in timings]),
         itl_ms=Distribution.of([gap for t in timings for gap in t.itl_ms]),
@@ -220,10 +288,9 @@ def measure_serving(server: VllmServer, *, isl: int, osl: int, batch: int, vocab
                     rounds: int = 3, warmup: int = 1, seed: int = 0,
                     avoid: Sequence[int] = ()) -> ServingReport:
     """Time ``rounds`` rounds of ``batch`` concurrent requests after ``warmup`` rounds."""
-    timings, duration = time_rounds(server, isl=isl, osl=osl, batch=batch,
-                                    vocab_size=vocab_size, rounds=rounds, warmup=warmup,
-                                    seed=seed, avoid=avoid)
-    return serving_report(timings, duration, isl=isl, osl=osl, batch=batch)
+    timed = time_rounds(server, isl=isl, osl=osl, batch=batch, vocab_size=vocab_size,
+                        rounds=rounds, warmup=warmup, seed=seed, avoid=avoid)
+    return serving_report(timed, isl=isl, osl=osl, batch=batch)
 
 
 # ------------------------------------------------------------------ log-probs

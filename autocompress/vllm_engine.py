@@ -256,7 +256,7 @@ class VllmServer:
         self.log_dir = Path(log_dir) if log_dir else _default_log_dir()
         self.start_timeout = start_timeout
         self.extra_args = list(extra_args or [])
-        self.api_key = secrets.token_urlsafe(24)
+        self.api_key = secrets.token_hex(24)  # never a leading '-', which argparse would misread
         self.port: int | None = None
         self.started_s: float | None = None  # seconds from spawn to answering
         self._stack = Stack()

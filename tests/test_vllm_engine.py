@@ -96,6 +96,9 @@ def test_concurrent_requests_are_timed_and_memory_is_vllms(pruned, server):
     assert 0 < report.ttft_ms.median <= report.e2e_ms.median
     assert report.tpot_ms.p99 >= report.tpot_ms.median > 0
     assert report.output_throughput == pytest.approx(6 * report.request_throughput)
+    # vLLM's engine clock: from reaching the engine, so within what the client waited
+    assert report.engine_tpot_ms.n == 1 and report.engine_tpot_ms.median > 0
+    assert 0 < report.engine_ttft_ms.mean <= report.ttft_ms.mean
 
     memory = server.memory()
     model, _ = pruned

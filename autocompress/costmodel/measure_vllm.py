@@ -11,14 +11,19 @@ Each round sends the workload's ``batch`` requests at once, ``isl`` random promp
 tokens and exactly ``osl`` output tokens each, streamed (``vllm_client``); vLLM's
 scheduler batches them continuously.
 
-- **TTFT**: each request's time from sending to its first token (over every request
-  of every round).
-- **TPOT**: each request's (end-to-end − TTFT) / (osl − 1), as ``vllm bench serve``.
+Timed by vLLM's engine core (its per-request histograms in ``/metrics``, read
+before and after each round), so a starved API server that streams several steps
+in one chunk does not move the figures; what the client saw is in the report too.
+
+- **TTFT**: a round's mean, over its requests, of the time from reaching the engine
+  (queued) to the first token.
+- **TPOT**: a round's mean of each request's (last token − first token) / (osl − 1),
+  vLLM's own TPOT.
 - **Memory**: the weights as vLLM holds them plus the KV-cache blocks the workload's
   sequences hold at their end (``VllmMemory.serving_bytes``), not the pool it
   reserves (``VLLM_CPU_KVCACHE_SPACE``, a setting).
 
-The timing is absolute wall-clock time, not paired with a reference: the engine
+The timing is absolute (monotonic) time, not paired with a reference: the engine
 runs in processes of its own, where another model cannot be interleaved step by
 step, so a busy machine shows in the figures.
 """
@@ -51,20 +56,19 @@ def measure_in_vllm(model_dir: str | Path, workload: Workload, dtype: str, *,
         with VllmServer(served, dtype=dtype, max_model_len=workload.isl + workload.osl,
                         max_num_seqs=workload.batch, kv_cache_gib=KV_CACHE_GIB,
                         log_dir=log_dir) as server:
-            timings, duration = time_rounds(
+            timed = time_rounds(
                 server, isl=workload.isl, osl=workload.osl, batch=workload.batch,
                 vocab_size=config["vocab_size"], rounds=repeats, warmup=warmup, seed=seed)
             memory = server.memory()
             cores = _last_cores(server.log_text())
             started = server.started_s or 0.0
-    report = serving_report(timings, duration, isl=workload.isl, osl=workload.osl,
-                            batch=workload.batch)
+    report = serving_report(timed, isl=workload.isl, osl=workload.osl, batch=workload.batch)
     kv_bytes = memory.serving_bytes(workload.final_context, workload.batch) \
         - memory.weights_bytes
     measurement = Measurement(
         workload=workload,
-        ttft_ms=RobustStat.of([t.ttft_ms for t in timings], unit="ms"),
-        tpot_ms=RobustStat.of([t.tpot_ms for t in timings], unit="ms"),
+        ttft_ms=RobustStat.of([r.ttft_ms for r in timed.engine], unit="ms"),
+        tpot_ms=RobustStat.of([r.tpot_ms for r in timed.engine], unit="ms"),
         memory_bytes=memory.weights_bytes + kv_bytes,
         memory_method="vllm-accounted",
         memory_detail={"weights": memory.weights_bytes, "kv_blocks": kv_bytes,
