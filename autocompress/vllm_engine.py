@@ -91,7 +91,8 @@ def vllm_python() -> Path:
     python = venv / "bin" / "python"
     skipped = venv / ".skipped"  # the set-up's one line on why it did not install vLLM
     if skipped.is_file():
-        raise AutoCompressError(skipped.read_text().strip(), hint=FIX)
+        raise AutoCompressError(skipped.read_text().strip(),
+                                hint=f"`rm -r {venv} && make vllm` tries again")
     if not python.exists():
         raise AutoCompressError(f"vLLM is not installed (no environment at {venv})", hint=FIX)
     if not any((venv / "lib").glob("python3*/site-packages/vllm/__init__.py")):
