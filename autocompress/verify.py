@@ -284,8 +284,9 @@ def _measure_in_llamacpp(model_dir, target, workload, cost_model, repeats, warmu
 
 
 def _measure_in_vllm(model_dir, target, workload, repeats, warmup, seed, sessions: int = 1):
-    """(spec, [(Measurement, "median")] per session, each session's vLLM-style percentiles)
-    of a model served by vLLM: exported to nemotron-nas first unless it is one (what vLLM
+    """(spec, [(Measurement, "median")] per session, {each session's vLLM-style
+    percentiles, vLLM's log-probabilities against PyTorch's}) of a model served by vLLM:
+    exported to nemotron-nas first unless it is one (what vLLM
     cannot compute exactly is refused there, before any engine starts); one server per
     session."""
     import tempfile
@@ -301,8 +302,9 @@ def _measure_in_vllm(model_dir, target, workload, repeats, warmup, seed, session
         results = [measure_in_vllm(served, workload, target.dtype, repeats=repeats,
                                    warmup=warmup, seed=seed + session)
                    for session in range(sessions)]
-    runs = [(measurement, "median") for measurement, _ in results]
-    return spec, runs, [report.model_dump() for _, report in results]
+    runs = [(reading.measurement, "median") for reading in results]
+    return spec, runs, {"sessions": [reading.serving.model_dump() for reading in results],
+                        "logits": results[0].logits}
 
 
 def _predict(cost_model, spec, workload) -> tuple[dict[str, float] | None, str | None]:

@@ -130,8 +130,10 @@ def test_verify_measures_the_model_as_vllm_serves_it(pruned, export, tmp_path, m
     assert report.measured["memory_gb"] == pytest.approx(memory_limit + 1e-9 * kv)
     assert 0 < report.measured["ttft_ms"] and 0 < report.measured["tpot_ms"] < 1e5
     assert report.measurement["device"] == "cpu (vLLM)" and "vLLM" in report.measurement["what"]
-    (serving,) = report.measurement["serving"]
+    (serving,) = report.measurement["serving"]["sessions"]
     assert serving["tpot_ms"]["n"] == 2 * 2 and serving["request_throughput"] > 0
+    logits = report.measurement["serving"]["logits"]
+    assert logits["compared"] == "whole vocabulary" and logits["max_abs_logprob_diff"] < 1e-4
     assert report.predicted is not None  # the analytic model, until vLLM is fitted here
 
 

@@ -19,6 +19,8 @@ in one chunk does not move the figures; what the client saw is in the report too
   (queued) to the first token.
 - **TPOT**: a round's mean of each request's (last token − first token) / (osl − 1),
   vLLM's own TPOT.
+- **Logits**: one random prompt's log-probabilities from vLLM against PyTorch's for
+  the same export (``logprob_difference``).
 - **Memory**: the weights as vLLM holds them plus the KV-cache blocks the workload's
   sequences hold at their end (``VllmMemory.serving_bytes``), not the pool it
   reserves (``VLLM_CPU_KVCACHE_SPACE``, a setting).
@@ -31,34 +33,51 @@ step, so a busy machine shows in the figures.
 from __future__ import annotations
 
 import json
+import random
 import re
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
+
+import torch
 
 from autocompress.costmodel.measure import Measurement
 from autocompress.costmodel.workload import Workload
+from autocompress.export import load_nemotron_nas
 from autocompress.hardware import RobustStat
-from autocompress.vllm_client import ServingReport, serving_report, time_rounds
+from autocompress.vllm_client import ServingReport, prompt_logprobs, serving_report, time_rounds
 from autocompress.vllm_engine import VllmServer, export_for_vllm
 
 KV_CACHE_GIB = 1  # the pool vLLM reserves; the workloads here use a few MiB of it
+LOGITS_PROMPT_TOKENS = 16
+FULL_VOCAB_UP_TO = 8192
 _CORES = re.compile(r"local_rank=0, core ids=\[([0-9, ]+)\]")
+
+
+class VllmReading(NamedTuple):
+    """One session in vLLM: the Measurement, the serving percentiles (client and engine),
+    and how far vLLM's log-probabilities are from PyTorch's for the same export."""
+
+    measurement: Measurement
+    serving: ServingReport
+    logits: dict
 
 
 def measure_in_vllm(model_dir: str | Path, workload: Workload, dtype: str, *,
                     repeats: int = 5, warmup: int = 1, seed: int = 0,
-                    log_dir: str | Path | None = None) -> tuple[Measurement, ServingReport]:
-    """Serve ``model_dir`` in vLLM and time ``repeats`` rounds of the workload's requests
-    (after ``warmup`` rounds); (the Measurement, vLLM-style percentiles of the same)."""
+                    log_dir: str | Path | None = None) -> VllmReading:
+    """Serve ``model_dir`` in vLLM, time ``repeats`` rounds of the workload's requests
+    (after ``warmup`` rounds) and compare one prompt's log-probabilities with PyTorch's."""
     with tempfile.TemporaryDirectory(prefix="ac-vllm-") as tmp:
         served = export_for_vllm(model_dir, Path(tmp) / "nemotron-nas")
         config = json.loads((served / "config.json").read_text())
         with VllmServer(served, dtype=dtype, max_model_len=workload.isl + workload.osl,
                         max_num_seqs=workload.batch, kv_cache_gib=KV_CACHE_GIB,
-                        log_dir=log_dir) as server:
+                        max_logprobs=-1, log_dir=log_dir) as server:
             timed = time_rounds(
                 server, isl=workload.isl, osl=workload.osl, batch=workload.batch,
                 vocab_size=config["vocab_size"], rounds=repeats, warmup=warmup, seed=seed)
+            logits = logprob_difference(server, served, seed)
             memory = server.memory()
             cores = _last_cores(server.log_text())
             started = server.started_s or 0.0
@@ -79,7 +98,26 @@ def measure_in_vllm(model_dir: str | Path, workload: Workload, dtype: str, *,
         threads=cores,
         device="cpu (vLLM)",
     )
-    return measurement, report
+    return VllmReading(measurement, report, logits)
+
+
+def logprob_difference(server: VllmServer, served: Path, seed: int = 0) -> dict:
+    """The largest |log p| difference between vLLM and PyTorch (the export read by its own
+    reader, fp32) over every position of a random prompt: the whole vocabulary where it
+    is small, else each position's top 20 (the whole one is slow to send as JSON)."""
+    model = load_nemotron_nas(served)
+    vocab = model.config.vocab_size
+    prompt = random.Random(seed).sample(range(vocab), LOGITS_PROMPT_TOKENS)
+    top = -1 if vocab <= FULL_VOCAB_UP_TO else 20
+    rows = prompt_logprobs(server, prompt, top=top)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].double()
+    expected = torch.log_softmax(logits, -1)[:-1]
+    diff = max(abs(value - expected[i, token].item())
+               for i, row in enumerate(rows) for token, value in row.items())
+    return {"max_abs_logprob_diff": diff, "prompt_tokens": LOGITS_PROMPT_TOKENS,
+            "compared": "whole vocabulary" if top == -1 else f"top {top} per position",
+            "reference": "PyTorch fp32 of the export"}
 
 
 def _last_cores(log: str) -> int:
