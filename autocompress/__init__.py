@@ -7,10 +7,11 @@ The Python API (``autocompress.api``)::
     found = autocompress.search(teacher, target, workload, limits)     # -> SearchResult
     result = autocompress.compress(teacher, target, workload, limits, out="dir")
 
-Importing the package registers the heterogeneous decoder with the
-transformers Auto classes, so ``AutoModelForCausalLM.from_pretrained`` loads
-compressed models. The API's names load on first use. The library never
-imports Prefect (see flows/ and tasks/).
+Importing the package is light (no torch, no transformers), so that the command line
+answers at once. ``import autocompress.modeling`` registers the heterogeneous decoder
+with the transformers Auto classes, so that ``AutoModelForCausalLM.from_pretrained``
+loads compressed models; every loader of ours imports it first. The API's names load
+on first use. The library never imports Prefect (see flows/ and tasks/).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-import autocompress.modeling  # noqa: E402,F401  (registers the heterogeneous model)
 from autocompress.errors import AutoCompressError  # noqa: E402
 
 if TYPE_CHECKING:

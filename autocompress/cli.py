@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import typer
 
+from autocompress import __version__
 from autocompress.errors import (
     EXIT_INTERNAL,
     EXIT_USAGE,
@@ -60,6 +61,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"autocompress {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Options before the command (``autocompress --version``)."""
+
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"autocompress.commands.{_name}").register(app)

@@ -30,14 +30,16 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from autocompress import paths
 from autocompress.atomic import write_text_atomic
 from autocompress.errors import AutoCompressError
+
+if TYPE_CHECKING:
+    import torch
 
 PROFILE_VERSION = 1
 LOCAL_CPU = "cpu-local"
@@ -235,7 +237,10 @@ class HardwareProfile(BaseModel):
 
 
 def detect_cpu(threads: int | None = None) -> CPUInfo:
-    """Model name, cores and RAM of this machine (standard library only)."""
+    """Model name, cores and RAM of this machine (and torch's thread count)."""
+    # lazy: Target.parse reads this module, and a usage error must not wait for torch
+    import torch
+
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -280,6 +285,8 @@ def machine_summary() -> dict[str, object]:
     """What a benchmark or a per-machine decision records: CPU model, its vector
     extensions, the kernels torch picks on it, cores, torch threads and the load average
     (machines here differ: one had AVX2 only, another AVX-512 and AMX)."""
+    import torch  # lazy: as in detect_cpu
+
     cpu = detect_cpu()
     return {"cpu": cpu.model, "cpu_flags": simd_flags(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -368,6 +375,8 @@ def gemm_flops(
     dtype: torch.dtype, size: int, repeats: int = 7, budget_s: float = 1.0
 ) -> RobustStat:
     """FLOP/s of a square ``size`` matmul in ``dtype`` (2·n³ FLOPs per call)."""
+    import torch  # lazy: as in detect_cpu
+
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     out = torch.empty(size, size, dtype=dtype)
@@ -377,6 +386,8 @@ def gemm_flops(
 
 def copy_bandwidth(mib: int = 64, repeats: int = 7, budget_s: float = 1.0) -> RobustStat:
     """Bytes/s of copying a ``mib`` MiB fp32 tensor (counts read + write)."""
+    import torch  # lazy: as in detect_cpu
+
     src = torch.randn(mib * 2**20 // 4)
     dst = torch.empty_like(src)
     times = _time_repeats(lambda: dst.copy_(src), repeats, budget_s)
@@ -385,6 +396,8 @@ def copy_bandwidth(mib: int = 64, repeats: int = 7, budget_s: float = 1.0) -> Ro
 
 def run_cpu_benchmarks(threads: int | None = None) -> CPUBenchmarks:
     """GEMM (fp32, bf16) and copy bandwidth, a few seconds in all."""
+    import torch  # lazy: as in detect_cpu
+
     previous = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -405,6 +418,8 @@ def run_cpu_benchmarks(threads: int | None = None) -> CPUBenchmarks:
 
 def profile_hardware(benchmarks: bool = True, threads: int | None = None) -> HardwareProfile:
     """Detect GPUs and the CPU; measure the CPU unless ``benchmarks`` is False."""
+    import torch  # lazy: as in detect_cpu
+
     gpus, driver, error = detect_gpus()
     return HardwareProfile(
         created=datetime.now(UTC).isoformat(timespec="seconds"),

@@ -7,7 +7,9 @@ the key is computed from the source: start at the module that defines the stage,
 read its ``import`` statements (at the top and inside functions, where a heavy
 optional dependency is imported lazily), and follow every import that lands in one of our packages
 (``autocompress``, ``tasks`` and the stage module's own top-level package),
-transitively. Importing ``a.b.c`` also runs ``a/__init__.py`` and
+transitively. ``from package import Name`` where the package loads ``Name`` on first
+use (its ``_LAZY`` table, as ``autocompress`` and ``autocompress.costmodel`` have)
+follows the module the table names. Importing ``a.b.c`` also runs ``a/__init__.py`` and
 ``a/b/__init__.py``, so those count too. The key hashes every file reached, plus
 the data files those modules name (``hardware_specs.json``).
 
@@ -104,7 +106,39 @@ def _resolve(target: tuple[str, str | None, int], module: str, path: Path,
         base = ".".join([*package, base] if base else package)
     if member and _module_file(f"{base}.{member}", roots) is not None:
         return f"{base}.{member}"
+    package = _module_file(base, roots)
+    if member and package is not None and package.name == "__init__.py":
+        return _lazy_names(package, package.read_bytes()).get(member, base)
     return base
+
+
+@functools.lru_cache(maxsize=256)
+def _lazy_names(path: Path, source: bytes) -> dict[str, str]:
+    """A package's ``_LAZY`` table (name -> module its ``__getattr__`` imports on first
+    use): ``from package import Name`` runs that module, not the package's own imports.
+
+    The table is read as a literal dict whose values are strings, its ``**dict.fromkeys(
+    (names...), module)`` entries included; anything else in it is ignored.
+    """
+    for node in ast.parse(source, filename=str(path)).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "_LAZY"
+                and isinstance(node.value, ast.Dict)):
+            return _literal_table(node.value)
+    return {}
+
+
+def _literal_table(table: ast.Dict) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for key, value in zip(table.keys, table.values, strict=True):
+        if key is None and isinstance(value, ast.Call) and len(value.args) == 2:  # **fromkeys
+            names, module = value.args
+            if isinstance(names, ast.Tuple | ast.List) and isinstance(module, ast.Constant):
+                found.update((n.value, module.value) for n in names.elts
+                             if isinstance(n, ast.Constant))
+        elif isinstance(key, ast.Constant) and isinstance(value, ast.Constant):
+            found[key.value] = value.value
+    return found
 
 
 @functools.lru_cache(maxsize=1024)

@@ -18,6 +18,8 @@ def forward_probe(ctx: StageContext, model: ArtifactRef, device: str = "cpu") ->
     import torch
     from transformers import AutoModelForCausalLM
 
+    import autocompress.modeling  # noqa: F401  (registers autocompress_hetero: a compressed model)
+
     chosen = "cuda" if device == "auto" and torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
     lm = AutoModelForCausalLM.from_pretrained(ctx.fetch(model)).to(chosen).eval()

@@ -274,7 +274,9 @@ def test_family_is_a_front_a_looser_budget_is_offered_the_tighter_picks(
     (["--budget-fraction", "0.5,0.5"], "two or more distinct fractions"),
     (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/hf-eager/fp32"],
      "given twice"),
-    (["--target", "cpu-local/hf-eager/fp32", "--target", "nowhere/x"], "unknown hardware"),
+    # (with a limit: a run without one stops first, before the local CPU is profiled)
+    (["--target", "cpu-local/hf-eager/fp32", "--target", "nowhere/x", "--budget-fraction",
+      "0.5"], "unknown hardware"),
     (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/llama.cpp/q8_0",
       "--baseline"], "single-target run"),
     (["--target", "cpu-local/hf-eager/fp32", "--target", "cpu-local/llama.cpp/q8_0"],

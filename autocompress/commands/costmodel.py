@@ -317,15 +317,18 @@ def fit(
     config: list[str] = config_option(FIT_CONFIG_EXAMPLE),
 ) -> None:
     """Measure probe architectures on the local target and fit the cost model (NNLS)."""
+    from autocompress.costmodel.target import Target
+
+    Target.parse(target)  # first: a bad target is one line; the settings' modules load torch
+    settings = load_settings(_fit_settings(), config, "costmodel fit")
+    threads, rows_out = settings.threads, settings.rows
+    parsed = Target.parse(target, threads=threads)
+    # lazy, after the checks: a bad target is one line that does not wait for torch
     from autocompress.costmodel.fit import fit_cost_model
     from autocompress.costmodel.model import default_path
     from autocompress.costmodel.probes import default_base_config
-    from autocompress.costmodel.target import Target
 
-    settings = load_settings(_fit_settings(), config, "costmodel fit")
-    threads, rows_out = settings.threads, settings.rows
     _set_threads(threads)
-    parsed = Target.parse(target, threads=threads)
     model, rows = fit_cost_model(parsed, default_base_config(),
                                  _workloads(settings.workloads),
                                  n_probes=settings.n_probes, repeats=settings.repeats,
@@ -383,16 +386,18 @@ def validate(
     config: list[str] = config_option(VALIDATE_CONFIG_EXAMPLE),
 ) -> None:
     """Measure sampled architectures and report MAPE, Kendall τ and spread per metric."""
-    from autocompress.costmodel.probes import default_base_config
     from autocompress.costmodel.target import Target
-    from autocompress.costmodel.validate import plot_validation, validate_cost_model
 
     settings = load_settings(ValidateSettings, config, "costmodel validate")
     n, statistic = settings.n, settings.statistic
-    _set_threads(settings.threads)
     if not Target.parse(target).measurable:
         raise AutoCompressError(f"{target} cannot be measured on this machine",
                                 hint="validate cpu-local/hf-eager/fp32 or cpu-local/llama.cpp/q8_0")
+    # lazy, after the checks: a bad target is one line that does not wait for torch
+    from autocompress.costmodel.probes import default_base_config
+    from autocompress.costmodel.validate import plot_validation, validate_cost_model
+
+    _set_threads(settings.threads)
     model = _cost_model(target, 1, settings.cost_model, settings.threads)
     if model.source != "fitted":
         console.print("[yellow]no fitted model for this target: validating the analytic "

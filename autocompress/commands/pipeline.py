@@ -134,6 +134,10 @@ def run_command(
     continues where it stopped. Results go to the artifact store and MLflow
     (embedded sqlite under $AUTOCOMPRESS_HOME unless MLFLOW_TRACKING_URI is set).
     """
+    fraction, family = _fraction_or_family(budget_fraction, budgets)
+    # The request's shape first: a usage error must not wait for the stages' configs,
+    # whose modules import torch (seconds).
+    check_request(target, family, fraction, limits, method, baseline)
     from autocompress.stage_config import STAGE_CONFIGS
 
     entries = read_entries(config)
@@ -141,7 +145,6 @@ def run_command(
     own = load_settings(RunSettings, [], "run",
                         base={k: v for k, v in entries.items() if k not in STAGE_CONFIGS},
                         takes=", ".join([*STAGE_CONFIGS, *RunSettings.model_fields]))
-    fraction, family = _fraction_or_family(budget_fraction, budgets)
     run(teacher=model, target=target, workload=workload, limits=limits,
         budget_fraction=fraction, budgets=family, baseline=baseline, method=method,
         seed=seed, eval_tasks=own.eval_tasks, eval_limit=own.eval_limit,
@@ -189,13 +192,11 @@ def run(*, teacher: str = DEFAULT_TEACHER, target: list[str] | None = None,
     """
     target = target or [DEFAULT_TARGET]
     started = time.perf_counter()
-    if method not in METHODS:  # before Prefect starts: one line, exit 2
-        raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
+    fractions = check_request(target, budgets, budget_fraction, limits, method, baseline)
     if not no_register:  # a bad name fails here, not after hours of compression
         from autocompress.tracking import check_registry_name
 
         check_registry_name(register_as)
-    fractions = many_targets_mode(target, budgets, budget_fraction, limits, method, baseline)
     from autocompress.stage_config import check_options, parse_options
 
     # Every stage's settings are checked before any stage runs.
@@ -239,25 +240,37 @@ def parse_budgets(text: str) -> list[float]:
     return sorted(set(values), reverse=True)
 
 
-def many_targets_mode(targets: list[str], budgets: str | None, budget_fraction: float | None,
-                      limits: Limits, method: str, baseline: bool) -> list[float] | None:
-    """Check the combination of --target (repeated), a family of budgets and the single-run
-    options; the family's fractions (None: not a family)."""
+def check_request(targets: list[str], budgets: str | None, budget_fraction: float | None,
+                  limits: Limits, method: str, baseline: bool) -> list[float] | None:
+    """Check the method, the limits, the targets and how --target (repeated), a family of
+    budgets and the single-run options combine, before Prefect starts (one line, exit 2);
+    the family's fractions (None: not a family)."""
     from autocompress.costmodel import Target
 
-    for name in targets:
-        Target.parse(name)  # an unknown target: one line before Prefect starts
+    if method not in METHODS:
+        raise AutoCompressError(f"unknown --method {method!r}", f"use one of {', '.join(METHODS)}")
     if len(set(targets)) != len(targets):
         raise AutoCompressError(f"a --target is given twice: {targets}", "give each target once")
+    fractions = _budgets_of(targets, budgets, budget_fraction, limits, method, baseline)
+    # Last: on a fresh machine the first parse of cpu-local measures the CPU (seconds),
+    # which no other mistake should wait for.
+    for name in targets:
+        Target.parse(name)
+    return fractions
+
+
+def _budgets_of(targets: list[str], budgets: str | None, budget_fraction: float | None,
+                limits: Limits, method: str, baseline: bool) -> list[float] | None:
     many = len(targets) > 1 or budgets is not None
     if many and (method != "autocompress" or baseline):
         raise AutoCompressError("--method and --baseline apply to a single-target run",
                                 "drop them, or run one --target at one budget")
     if budgets is None:
-        if len(targets) > 1 and limits.is_empty() and budget_fraction is None:
-            raise AutoCompressError("no limit to compress for",
-                                    "give --budget-fraction 0.5 (of the teacher's cost on each "
-                                    "target) or a limit every target must meet")
+        if limits.is_empty() and budget_fraction is None:
+            raise AutoCompressError("no limit to compress for", (
+                "give --budget-fraction 0.5 (of the teacher's cost on each target) or a limit "
+                "every target must meet" if len(targets) > 1 else
+                "give a limit (e.g. --limit tpot=3) or --budget-fraction 0.6"))
         return None
     if len(targets) > 1:
         raise AutoCompressError("a family of budgets takes one --target",

@@ -78,14 +78,14 @@ def verify_command(
     from autocompress.costmodel.model import CostModel
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.workload import get_workload
-    from autocompress.verify import verify
 
+    parsed = Target.parse(target)  # first: the settings' and verify's modules load torch
     settings = load_settings(_verify_settings(), config, "verify", base=VERIFY_DEFAULTS)
     if json_out:  # a directory named as the JSON file is refused before measuring
         from autocompress.atomic import check_out_file
 
         check_out_file(json_out, "--json")
-    parsed = Target.parse(target)
+    from autocompress.verify import verify  # lazy: torch, after the checks above
     if model.startswith("models:/"):  # the registered file the engine serves, else its model
         from autocompress.tracking import registered_artifact
 

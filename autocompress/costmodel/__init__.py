@@ -72,16 +72,53 @@ models: ``model.save(path)`` / ``CostModel.load(path)`` (JSON with ``sha256``;
 ``configs.load_arch(path_or_default)``.
 """
 
-from autocompress.costmodel.additive import ADDITIVE_METRICS, AdditiveCosts, expected_max
-from autocompress.costmodel.measure import (
-    Measurement,
-    measure_grid,
-    measure_many,
-    measure_model,
-)
-from autocompress.costmodel.model import CostModel, CostPrediction, MemoryBreakdown, default_path
-from autocompress.costmodel.target import ENGINES, Target, known_targets
-from autocompress.costmodel.workload import PRESETS, Workload, default_workload_for, get_workload
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autocompress.costmodel.additive import ADDITIVE_METRICS, AdditiveCosts, expected_max
+    from autocompress.costmodel.measure import (
+        Measurement,
+        measure_grid,
+        measure_many,
+        measure_model,
+    )
+    from autocompress.costmodel.model import (
+        CostModel,
+        CostPrediction,
+        MemoryBreakdown,
+        default_path,
+    )
+    from autocompress.costmodel.target import ENGINES, Target, known_targets
+    from autocompress.costmodel.workload import (
+        PRESETS,
+        Workload,
+        default_workload_for,
+        get_workload,
+    )
+
+# Name -> module holding it, imported on first access: ``Target.parse`` (every usage error
+# of the CLI) needs neither torch nor transformers, which ``additive`` and ``measure`` load.
+# tasks/code_key.py reads this table, so a stage's key follows a name to its module.
+_LAZY = {
+    **dict.fromkeys(("ADDITIVE_METRICS", "AdditiveCosts", "expected_max"),
+                    "autocompress.costmodel.additive"),
+    **dict.fromkeys(("Measurement", "measure_grid", "measure_many", "measure_model"),
+                    "autocompress.costmodel.measure"),
+    **dict.fromkeys(("CostModel", "CostPrediction", "MemoryBreakdown", "default_path"),
+                    "autocompress.costmodel.model"),
+    **dict.fromkeys(("ENGINES", "Target", "known_targets"), "autocompress.costmodel.target"),
+    **dict.fromkeys(("PRESETS", "Workload", "default_workload_for", "get_workload"),
+                    "autocompress.costmodel.workload"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'autocompress.costmodel' has no attribute {name!r}")
 
 
 def expected_costs(costs: AdditiveCosts, p_attention, p_ffn, p_hidden):
