@@ -60,6 +60,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, Field
 
+from autocompress.costmodel.model import unfitted_note
 from autocompress.errors import AutoCompressError
 from autocompress.hardware import LOCAL_CPU
 from autocompress.limits import LimitCheck, Limits
@@ -244,11 +245,7 @@ def cost_model_note(cost_model) -> str:
     target = cost_model.target
     fit = cost_model.fit
     if cost_model.source == "analytic" or fit is None:
-        how = (f"`autocompress costmodel fit --target {target.hardware.name}/{target.engine.name}`"
-               if target.measurable else "a fit on that hardware")
-        return ("predicted by the analytic cost model (spec-sheet roofline and engine "
-                "defaults, not fitted to this machine: expect errors of 2x or more on a CPU); "
-                f"{how} gives predictions to trust")
+        return f"predicted: {unfitted_note(target)}"
     mape = ", ".join(f"{k} {v:.1f}%" for k, v in sorted(fit.train_mape.items()))
     return (f"predicted by the cost model fitted {fit.created[:10]} on {fit.n_probes} probes "
             f"({fit.threads} threads, {fit.timing} timing; error on its probes: {mape}); "

@@ -186,3 +186,43 @@ def test_cli_predict_json_and_presets(configs):
     result = runner.invoke(app, ["costmodel", "predict", "--model", str(configs["70b"]),
                                  "--target", "rtx-5070/vllm/bf16", "--workload", "interactive"])
     assert result.exit_code == 0 and "does not fit" in result.output
+
+
+def _fitted_stand_in(target: Target) -> CostModel:
+    """A cost model whose timing is a fitted law (what `costmodel fit` saves)."""
+    from autocompress.costmodel.laws import ActivationLaw, LinearLaw
+    from autocompress.costmodel.model import FitReport
+
+    fit = FitReport(created="2026-12-01T10:00:00", seconds=1.0, threads=1, n_probes=20,
+                    n_rows=60, workloads=["interactive-cpu"], timing="paired",
+                    train_mape={"tpot": 3.25, "ttft": 5.5}, median_spread={})
+    return CostModel(target=target, activation=ActivationLaw.default(), fit=fit,
+                     timing=LinearLaw(prefill={"const.call": 1.0}, decode={"const.call": 1.0}))
+
+
+def test_predict_says_when_nothing_is_fitted_for_a_target_this_machine_times(autocompress_home):
+    """On a measurable target with no fit, predict says in one line that its figures are
+    the analytic model's and how to fit one; not once a fit is saved, and not on a GPU
+    target, whose analytic model is the product."""
+    from autocompress.cli import app
+    from autocompress.costmodel.model import default_path
+
+    def predict(target: str, *fmt: str):
+        result = CliRunner().invoke(app, ["costmodel", "predict", "--model", "default",
+                                          "--target", target, "--workload", "interactive-cpu",
+                                          *fmt])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    line = [text for text in predict("cpu-local/llama.cpp/q8_0").splitlines()
+            if "nothing is fitted" in text]
+    assert len(line) == 1 and "analytic cost model" in line[0]
+    assert "`autocompress costmodel fit --target cpu-local/llama.cpp/q8_0`" in line[0]
+    assert json.loads(predict("h100-sxm/vllm/bf16", "--format", "json"))[
+        "cost_model_note"] is None
+    target = Target.parse("cpu-local/hf-eager/fp32")
+    assert "nothing is fitted" in predict(target.name)
+    _fitted_stand_in(target).save(default_path(target))
+    out = json.loads(predict(target.name, "--format", "json"))
+    assert out["cost_model"].startswith("cpu-local/hf-eager/fp32:fitted:")
+    assert out["cost_model_note"] is None

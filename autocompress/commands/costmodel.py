@@ -245,6 +245,7 @@ def predict(
         "params": spec.num_params(),
         "cost_model": result.cost_model,
         "notes": notes,
+        "cost_model_note": _unfitted_line(cm),
     }
     if print_json(fmt):
         typer.echo(json.dumps(payload, indent=2))
@@ -267,6 +268,18 @@ def predict(
     for note in notes:
         console.print(f"note: {note}")
     console.print(f"cost model: {result.cost_model}")
+    if payload["cost_model_note"]:
+        console.print(f"[yellow]{payload['cost_model_note']}[/yellow]", soft_wrap=True)
+
+
+def _unfitted_line(model) -> str | None:
+    """The line that says the figures are the analytic model's, where this machine could
+    time the target and nothing is fitted (elsewhere the analytic model is the product)."""
+    from autocompress.costmodel.model import unfitted_note
+
+    if model.source == "fitted" or not model.target.measurable:
+        return None
+    return unfitted_note(model.target)
 
 
 def _workloads(names: list[str] | None):
@@ -399,9 +412,9 @@ def validate(
 
     _set_threads(settings.threads)
     model = _cost_model(target, 1, settings.cost_model, settings.threads)
-    if model.source != "fitted":
-        console.print("[yellow]no fitted model for this target: validating the analytic "
-                      "one (run `autocompress costmodel fit` first)[/yellow]")
+    unfitted = _unfitted_line(model)
+    if unfitted:  # said before minutes of timing, and again under the figures
+        console.print(f"[yellow]{unfitted}[/yellow]", soft_wrap=True)
     report = validate_cost_model(model, default_base_config(), _workloads(settings.workloads),
                                  n=n, repeats=settings.repeats, warmup=settings.warmup,
                                  seed=settings.seed, statistic=statistic)
@@ -416,3 +429,5 @@ def validate(
     for metric, mape, tau, spread in report.table():
         table.add_row(metric, f"{mape:.2f}", f"{tau:.3f}", f"{spread * 100:.1f}")
     console.print(table)
+    if unfitted:
+        console.print(f"[yellow]{unfitted}[/yellow]", soft_wrap=True)

@@ -124,7 +124,7 @@ def _print_verify(report) -> None:
     console = Console()
     console.print(table)
     if report.prediction_note:
-        console.print(report.prediction_note)
+        console.print(report.prediction_note, soft_wrap=True)
     if report.measurement.get("what"):
         console.print(f"timed: {report.measurement['what']}")
     sessions = report.measurement.get("sessions") or []

@@ -504,5 +504,18 @@ def default_path(target: Target) -> Path:
     return paths.home() / "costmodels" / f"{slug}.json"
 
 
+def unfitted_note(target: Target) -> str:
+    """One line for figures of the analytic model, so that nobody reads them as a fitted
+    model's: on a target this machine can time, that nothing is fitted and how to fit."""
+    if not target.measurable:
+        return (f"{target.name} is priced by the analytic cost model (spec sheet and engine "
+                "defaults): this machine cannot time it, so nothing is fitted for it")
+    threads = f" --config threads={target.threads}" if target.threads > 1 else ""
+    return (f"nothing is fitted for {target.name} on this machine: these figures are the "
+            "analytic cost model's (spec sheet and engine defaults; expect errors of 2x or "
+            f"more on a CPU); `autocompress costmodel fit --target {target.name}{threads}` "
+            "fits one")
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
