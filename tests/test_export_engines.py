@@ -493,6 +493,21 @@ def test_search_space_told_an_engine_proposes_only_what_it_runs(engine):
     assert len({o.num_heads for o in free.attention_options if o}) > 1
 
 
+def test_a_vllm_targets_search_obeys_vllms_rules_unless_told_otherwise():
+    from autocompress.arch_search.config import SearchConfig
+    from autocompress.arch_search.context import obeying_the_engine
+    from autocompress.costmodel import CostModel, Target
+
+    def engine_of(target, config=None):
+        model = CostModel.analytic(Target.parse(target))
+        return obeying_the_engine(config or SearchConfig(), model).space.export_engine
+
+    assert engine_of("cpu-local/vllm/bf16") == engine_of("h100-sxm/vllm/bf16") == "vllm"
+    assert engine_of("cpu-local/hf-eager/fp32") is None
+    told = SearchConfig.model_validate({"space": {"export_engine": "hf"}})
+    assert engine_of("cpu-local/vllm/fp32", told) == "hf"
+
+
 def test_readme_table_is_the_generated_one():
     from pathlib import Path
 

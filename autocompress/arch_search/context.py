@@ -109,6 +109,7 @@ class SearchContext:
         spec = arch_spec_of(model)
         if cost_model is None and target is not None:
             cost_model = CostModel.for_target(Target.parse(target))
+        config = obeying_the_engine(config, cost_model)
         wl = get_workload(workload) if isinstance(workload, str) else workload
         has_costs = cost_model is not None and bool(wl)
         if has_costs and (limits is not None or budget_fraction is not None):
@@ -156,6 +157,17 @@ class SearchContext:
     def resolve_limits(self, limits: Limits | None, budget_fraction: float | None) -> Limits:
         """``budgets.resolve_limits`` with this teacher's predicted costs."""
         return resolve_limits(limits, budget_fraction, self.teacher_costs, self.workload)
+
+
+def obeying_the_engine(config: SearchConfig, cost_model) -> SearchConfig:
+    """For a vLLM target, a space of only what vLLM computes exactly from the nemotron-nas
+    export it serves (its rules in ``engine_rules``: e.g. one query-head count for every
+    layer), unless the config names an export engine itself."""
+    if cost_model is None or config.space.export_engine is not None \
+            or cost_model.target.engine.name != "vllm":
+        return config
+    space = config.space.model_copy(update={"export_engine": "vllm"})
+    return config.model_copy(update={"space": space})
 
 
 def shared_report(ctx: SearchContext, spec: ArchSpec, limits: Limits, budgets: dict[str, float],
