@@ -164,9 +164,12 @@ def _ppid(pid: int) -> int | None:
 
 # ------------------------------------------------------- no orphans
 
+# The child takes Ctrl-C as a terminal's Python would: a shell that starts pytest in the
+# background leaves SIGINT ignored, and children inherit that.
 _CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     from autocompress.vllm_engine import VllmServer
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with VllmServer(sys.argv[1], max_model_len=128, max_num_seqs=2, log_dir=sys.argv[2]) as s:
         print(s.pid, flush=True)
         time.sleep(600)
@@ -195,18 +198,29 @@ def _gone(pgid: int) -> bool:
     return True
 
 
-@pytest.mark.slow(seconds=90)
-def test_ctrl_c_in_the_parent_stops_the_server(export, tmp_path):
+@pytest.fixture
+def server_in_a_child(export, tmp_path):
+    """(child, its server's group); whatever the test leaves is killed afterwards."""
     child, pgid = _server_in_a_child(export, tmp_path)
+    yield child, pgid
+    child.kill()
+    child.wait(timeout=30)
+    if vllm_engine.group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.mark.slow(seconds=90)
+def test_ctrl_c_in_the_parent_stops_the_server(server_in_a_child):
+    child, pgid = server_in_a_child
     child.send_signal(signal.SIGINT)  # KeyboardInterrupt: the with block's exit
     child.wait(timeout=GONE_WITHIN_S)
     assert _gone(pgid)
 
 
 @pytest.mark.slow(seconds=90)
-def test_a_killed_parent_takes_its_server_down(export, tmp_path):
+def test_a_killed_parent_takes_its_server_down(server_in_a_child):
     """SIGKILL: no finally, no atexit; the kernel's parent-death signal stops the server."""
-    child, pgid = _server_in_a_child(export, tmp_path)
+    child, pgid = server_in_a_child
     child.kill()
     child.wait(timeout=30)
     assert _gone(pgid)
