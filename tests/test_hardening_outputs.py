@@ -295,7 +295,8 @@ def test_teacher_register_refuses_a_bad_name_before_publishing(tmp_path, capsys,
 
 def test_run_refuses_a_bad_register_name_at_its_start(capsys, monkeypatch, autocompress_home):
     started = time.perf_counter()
-    code, err = cli(capsys, monkeypatch, "run", "--register-as", "bad.name")
+    code, err = cli(capsys, monkeypatch, "run", "--register-as", "bad.name",
+                     "--budget-fraction", "0.5")
     assert code == 2 and "--register-as 'bad.name'" in one_error(err)
     assert time.perf_counter() - started < 10 and not (autocompress_home / "artifacts").exists()
 
