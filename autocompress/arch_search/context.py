@@ -340,6 +340,8 @@ def check_limits_early(teacher: ArchSpec, space: SpaceConfig, cost_model: Any,
     """
     resolved = resolve_limits(limits, budget_fraction,
                               lambda: cost_model.predict(teacher, workload).metrics(), workload)
+    # the space the search will have: a vLLM target's holds only what vLLM loads exactly
+    space = obeying_the_engine(SearchConfig(space=space), cost_model).space
     shape = SpaceShape.build(teacher, space)
     reachable_budgets(shape, shape.cost_tables(cost_model, workload), workload, resolved)
     return resolved
