@@ -186,32 +186,26 @@ def recovery_steps(unit: Unit, units: list[Unit], results: Path) -> list[Step]:
     return steps
 
 
+def only_method(compare_json: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the run, its one method's entry) of a one-cell, one-method compare JSON."""
+    [run] = json.loads(compare_json.read_text())["runs"]
+    [method] = run["methods"].values()
+    return run, method
+
+
 def model_dir(compare_json: Path) -> str:
     """The distilled model of a one-method compare JSON, as a local directory."""
-    data = json.loads(compare_json.read_text())
-    [run] = data["runs"]
-    [(_, method)] = run["methods"].items()
+    _, method = only_method(compare_json)
     if not method["seeds"]:
         raise RuntimeError(f"{compare_json} has no model: {method.get('failed')}")
-    uri = method["seeds"][0]["files"]["model"]
-    return uri.removeprefix("file://")
-
-
-def first_arch(compare_json: Path) -> dict[str, Any]:
-    data = json.loads(compare_json.read_text())
-    [run] = data["runs"]
-    [(_, method)] = run["methods"].items()
-    return method["seeds"][0]["arch"]
+    return method["seeds"][0]["files"]["model"].removeprefix("file://")
 
 
 def resolve(step: Step) -> Step:
-    """A step whose command depends on an earlier one's output, made concrete."""
+    """An eval step of a compare unit, its model taken from the compare JSON it needs."""
     if step.needs is None:
         return step
-    needed = Path(step.needs)
-    if step.name.endswith(" arch"):  # recovery: the architecture file itself is the step
-        return step
-    return step.model_copy(update={"argv": eval_argv(model_dir(needed), step.out)})
+    return step.model_copy(update={"argv": eval_argv(model_dir(Path(step.needs)), step.out)})
 
 
 # ------------------------------------------------------------------ the unit's record
@@ -394,8 +388,7 @@ def _set_aside_if_modelless(step: Step) -> int:
     returns 1 if so."""
     if "bench.compare" not in step.argv or not step.out.exists():
         return 0
-    [run] = json.loads(step.out.read_text())["runs"] or [{}]
-    if any(m["seeds"] for m in run.get("methods", {}).values()):
+    if only_method(step.out)[1]["seeds"]:
         return 0
     step.out.rename(step.out.with_suffix(f".failed-{_now().replace(':', '')}.json"))
     return 1
@@ -404,7 +397,7 @@ def _set_aside_if_modelless(step: Step) -> int:
 def _write_arch(step: Step) -> None:
     from autocompress.atomic import write_json_atomic
 
-    write_json_atomic(step.out, first_arch(Path(step.needs)))
+    write_json_atomic(step.out, only_method(Path(step.needs))[1]["seeds"][0]["arch"])
 
 
 def _carried_limits_refused(step: Step, unit: Unit, log: Path) -> bool:
@@ -415,8 +408,8 @@ def _carried_limits_refused(step: Step, unit: Unit, log: Path) -> bool:
     if unit.limits_from is None or "--limits-from" not in step.argv:
         return False
     tail = log.read_text()[-4000:] if log.exists() else ""
-    return HOST_REFUSAL in tail and step.argv[step.argv.index("--limits-from") + 1].find(
-        unit.limits_from) >= 0
+    return HOST_REFUSAL in tail and unit.limits_from in step.argv[
+        step.argv.index("--limits-from") + 1]
 
 
 def is_done(unit: Unit, results: Path = RESULTS) -> bool:
@@ -448,7 +441,7 @@ def teacher_reading(here: Path, unit: Unit) -> dict[str, Any]:
     first = here / f"compare_{unit.methods[0]}.json"
     if unit.kind != "compare" or not first.exists():
         return {}
-    [run] = json.loads(first.read_text())["runs"]
+    run, _ = only_method(first)
     timed = (run.get("teacher_verify") or {}).get("measured", {}).get("tpot_ms")
     limit = (run.get("limits") or {}).get("max_tpot_ms")
     return {"teacher_tpot_ms": timed, "limit_tpot_ms": limit,

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.campaign import RESULTS, Unit, plan_units, unit_dir
+from bench.campaign import RESULTS, Unit, only_method, plan_units, unit_dir
 from bench.stats import PairedDiff, paired_differences
 
 MC_TASKS = ("next_line", "identifier", "docstring", "indent")
@@ -141,13 +141,13 @@ def compare(comparison: Comparison, units: list[Unit], budget: float,
         return paired_differences(runs_a, runs_b, tasks, n_boot=2000, seed=0,
                                   paired_seeds=True, confidence=comparison.confidence)["overall"]
 
-    mc = _triple(diff(MC_TASKS), 100)
-    bpb = diff([BPB_TASK])
+    mc_diff, bpb = diff(MC_TASKS), diff([BPB_TASK])
+    mc = _triple(mc_diff, 100)
     gain = oriented(_triple(bpb, 1 / teacher), -1)  # B − A: positive when A is better
     heldout = diff([HELDOUT_TASK])
     return {**row, "mc_points": mc, "bpb_diff": _triple(bpb), "bpb_gain_share": gain,
             "heldout_diff": _triple(heldout), "teacher_bpb": teacher,
-            "n_items": {"mc": diff(MC_TASKS).n_items, "bpb": bpb.n_items},
+            "n_items": {"mc": mc_diff.n_items, "bpb": bpb.n_items},
             "verdict": verdict(mc, gain, comparison.mc_bar, comparison.bpb_bar),
             "decisive": seeds == [0, 1, 2]}
 
@@ -163,8 +163,7 @@ def method_hours(units: list[Unit], results: Path = RESULTS) -> list[dict[str, A
             compare_s = steps.get(f"{method} compare", {}).get("seconds")
             if compare_s is None:
                 continue
-            entry = json.loads((here / f"compare_{method}.json").read_text())["runs"][0]
-            seed = entry["methods"][method]["seeds"][0]
+            seed = only_method(here / f"compare_{method}.json")[1]["seeds"][0]
             rows.append({"unit": unit.id, "method": method, "compare_h": compare_s / 3600,
                          "stages_s": seed["timings"],
                          "eval_h": steps.get(f"{method} eval", {}).get("seconds", 0) / 3600})
