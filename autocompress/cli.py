@@ -62,6 +62,17 @@ app = typer.Typer(
     add_completion=False,
 )
 
+# What a command's output leaves out unless --verbose: in a log, third-party progress bars
+# (weights loading, datasets saving) and the INFO lines of Prefect (two per task) and MLflow
+# bury the stages' own lines. Warnings and errors still show; Prefect's UI keeps its logs
+# (only its console handler is raised); a variable the user set wins.
+QUIET_ENV = {
+    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' bars too
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "TQDM_DISABLE": "1",
+}
 
 
 def _print_version(asked: bool) -> None:
@@ -74,8 +85,13 @@ def _print_version(asked: bool) -> None:
 def _options(
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="Print the version and exit."),
+    verbose: bool = typer.Option(False, "--verbose", help="Also show the libraries' own "
+                                 "output: progress bars, Prefect's and MLflow's INFO lines."),
 ) -> None:
-    """Options before the command (``autocompress --version``)."""
+    """Options before the command (``autocompress --verbose run ...``)."""
+    if not verbose:
+        for name, value in QUIET_ENV.items():
+            os.environ.setdefault(name, value)
 
 
 for _name in COMMAND_MODULES:

@@ -581,7 +581,7 @@ def random_importance(arch_or_model: ArchSpec | nn.Module, seed: int = 0) -> Imp
 def _progress(items: list, description: str, enabled: bool):
     from autocompress.progress import Bar
 
-    with Bar(description, len(items), enabled=enabled, transient=True) as bar:
+    with Bar(description, len(items), enabled=enabled) as bar:
         for item in items:
             yield item
             bar.advance()

@@ -323,7 +323,7 @@ class _Progress:
                  enabled: bool = True):
         self.tokens_per_step = tokens_per_step
         self.t0, self.s0 = time.perf_counter(), start
-        self.bar = Bar(description, total, enabled=enabled, completed=start, every=10)
+        self.bar = Bar(description, total, enabled=enabled, completed=start)
 
     def _rate(self, step: int) -> float:
         dt = time.perf_counter() - self.t0

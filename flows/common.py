@@ -24,6 +24,7 @@ from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field
 
 from autocompress.artifacts import ArtifactRef, Store
+from autocompress.progress import stage_ended, stage_started
 from autocompress.tracking import get_tracker, tracking_uri
 from flows.placement import cache_hit, run_placed
 from tasks.stage import RunInfo, Stage, refs_in, stage_timings
@@ -161,6 +162,7 @@ class Steps:
         started = time.perf_counter()
         step_run = self.run.model_copy(update={"step": name})
         pool = self.placement.get(name)
+        stage_started(name)
         if pool and not cache_hit(stage, inputs, step_run):
             state_name, result, worker = run_placed(stage, inputs, step_run, pool, name)
             self._record(name, state_name, started, pool, worker)
@@ -177,8 +179,9 @@ class Steps:
         seconds = time.perf_counter() - started
         self.report.steps.append(StepOutcome(name=name, state=state_name, pool=pool,
                                              worker=worker or {}, seconds=seconds))
-        self._logger.info("%s: %s in %.1fs%s", name, state_name, seconds,
-                          f" on pool {pool}" if pool else "")
+        where = f" on pool {pool}" if pool else ""
+        self._logger.info("%s: %s in %.1fs%s", name, state_name, seconds, where)
+        stage_ended(name, state_name, seconds, where)
 
     def _log_refs(self, name: str, result: Any) -> None:
         if self._tracker is None or not self.run.parent_run_id:

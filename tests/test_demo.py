@@ -60,7 +60,7 @@ def test_the_demo_runs_without_the_baseline_and_passes_every_run_parameter(monke
     assert given["baseline"] is False and given["budgets"] is None
     assert given["eval_limit"] == demo_module.DEMO_EVAL_LIMIT and given["limits"].is_empty()
     assert json.loads(given["options"]) == demo_module.demo_options(DEFAULT_WORKLOAD)
-    assert "baseline was skipped (add --baseline)" in result.output
+    assert "Minitron baseline was skipped (add --baseline)" in result.output
     assert "Full version: autocompress run" in result.output
 
     seen.clear()

@@ -56,19 +56,20 @@ def demo(
         method=DEFAULT_METHOD, seed=None,
         eval_tasks=None, eval_limit=eval_limit, register_as=REGISTERED_NAME,
         no_register=False, store=None, experiment=REGISTERED_NAME, no_track=False,
-        refresh_cache=False, options=json.dumps(demo_options(workload)))
+        refresh_cache=False, options=json.dumps(demo_options(workload)), profile=None)
     print(skipped_note(workload, budget_fraction, baseline, eval_limit))
 
 
 def skipped_note(workload: str, budget_fraction: float, baseline: bool,
                  eval_limit: int) -> str:
-    """What the demo left out, and the command that runs the full version."""
-    skipped = [f"{stage}: {settings}" for stage, settings in DEMO_OPTIONS.items()]
-    lines = ["", "The demo is sized down to finish in minutes. It ran with these settings "
-             "(the full run uses each stage's defaults):", *(f"  {s}" for s in skipped),
-             f"  evaluation: {eval_limit} items per benchmark"]
+    """What the demo left out, and the command that runs the full version (a few lines:
+    the last a log shows)."""
+    shrunk = "; ".join(f"{stage} {json.dumps(settings, separators=(',', ':'))}"
+                       for stage, settings in DEMO_OPTIONS.items())
+    lines = ["", "The demo is sized down to finish in minutes (a full run uses each stage's "
+             f"defaults): {shrunk}; evaluation {eval_limit} items per benchmark."]
     if not baseline:
-        lines.append("  the Minitron baseline was skipped (add --baseline)")
+        lines.append("The Minitron baseline was skipped (add --baseline).")
     lines.append(f"Full version: autocompress run --workload {workload} "
                  f"--budget-fraction {budget_fraction} --baseline")
     return "\n".join(lines)

@@ -39,6 +39,7 @@ from autocompress.defaults import (
 )
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
+from autocompress.profiles import PROFILES, get_profile
 
 console = Console()
 
@@ -62,7 +63,9 @@ RUN_CONFIG_EXAMPLE = (
     "run's own: eval_tasks=local, eval_limit=N (items per benchmark, for quick runs), "
     "register_as=NAME (null: do not register), experiment=NAME (MLflow), track=false (no "
     "MLflow), store=DIR|s3://bucket/prefix (default $AUTOCOMPRESS_STORE), "
-    "refresh_cache=true (recompute every stage)."
+    "refresh_cache=true (recompute every stage), profile=" + "|".join(PROFILES)
+    + " (size every stage at once: each stage's defaults, the demo's sizes, or a tiny run "
+    "that fits a test)."
 )
 MODEL_HELP_RUN = ("The teacher to compress: a named teacher (`default`, `smollm2-135m`), a "
                   "model directory, a hub id, or models:/NAME/VERSION from the MLflow registry.")
@@ -98,6 +101,7 @@ class RunSettings(BaseModel):
     track: bool = True
     store: str | None = None
     refresh_cache: bool = False
+    profile: str | None = None  # a name in autocompress.profiles.PROFILES
 
 
 def register(app: typer.Typer) -> None:
@@ -150,7 +154,7 @@ def run_command(
         seed=seed, eval_tasks=own.eval_tasks, eval_limit=own.eval_limit,
         register_as=own.register_as or "", no_register=own.register_as is None,
         store=own.store, experiment=own.experiment, no_track=not own.track,
-        refresh_cache=own.refresh_cache, options=stages)
+        refresh_cache=own.refresh_cache, options=stages, profile=own.profile)
 
 
 def _fraction_or_family(text: str | None, old_budgets: str | None
@@ -185,14 +189,20 @@ def run(*, teacher: str = DEFAULT_TEACHER, target: list[str] | None = None,
         eval_tasks: str | None = None, eval_limit: int | None = None,
         register_as: str = "autocompress-compressed", no_register: bool = False,
         store: str | None = None, experiment: str = "autocompress", no_track: bool = False,
-        refresh_cache: bool = False, options: str | dict | None = None) -> None:
+        refresh_cache: bool = False, options: str | dict | None = None,
+        profile: str | None = None) -> None:
     """The run behind ``autocompress run`` (and ``demo``), in the CLI's own words.
 
-    ``options`` is the stages' settings: a dict, or JSON text / ``@FILE`` as the flows take.
+    ``options`` is the stages' settings: a dict, or JSON text / ``@FILE`` as the flows take;
+    ``profile`` sizes every stage at once (``autocompress.profiles``; a single target only).
     """
     target = target or [DEFAULT_TARGET]
     started = time.perf_counter()
     fractions = check_request(target, budgets, budget_fraction, limits, method, baseline)
+    get_profile(profile)  # an unknown name fails here, in one line
+    if profile is not None and (fractions is not None or len(target) > 1):
+        raise AutoCompressError("profile= sizes a single-target run",
+                                "drop it, or run one --target at one budget")
     if not no_register:  # a bad name fails here, not after hours of compression
         from autocompress.tracking import check_registry_name
 
@@ -223,7 +233,8 @@ def run(*, teacher: str = DEFAULT_TEACHER, target: list[str] | None = None,
                       budget_fraction=budget_fraction, baseline=baseline, method=method,
                       seed=seed, eval_tasks=eval_tasks, eval_limit=eval_limit,
                       register_as=None if no_register else register_as, store=store,
-                      experiment=experiment, track=not no_track, options=stage_options)
+                      experiment=experiment, track=not no_track, options=stage_options,
+                      profile=profile)
     print_report(report, time.perf_counter() - started)
 
 
@@ -346,35 +357,41 @@ def _fmt(value: float | None, column: str = "") -> str:
     return f"{value:.4g}"
 
 
+def stages_line(steps) -> str:
+    """The stages in one line (each had its own line as it ended): how many ran, how many
+    came from the cache, the slowest three."""
+    ran = [step for step in steps if step.state != "Cached"]
+    slowest = sorted(ran, key=lambda step: -step.seconds)[:3]
+    return (f"stages: {len(ran)} ran, {len(steps) - len(ran)} cached"
+            + ("; slowest " + ", ".join(f"{s.name} {s.seconds:.1f} s" for s in slowest)
+               if slowest else ""))
+
+
 def print_report(report, wall_s: float) -> None:
     """The final table, the stages (cached or run), timings and where to look."""
     console.print(results_table(report.outputs))
     keyed = keyed_table(report.outputs)
     if keyed is not None:
         console.print(keyed)
-    steps = Table(title="stages")
-    for column in ("stage", "state", "seconds"):
-        steps.add_column(column)
-    for step in report.steps:
-        steps.add_row(step.name, step.state, f"{step.seconds:.1f}")
-    console.print(steps)
+    console.print(stages_line(report.steps), soft_wrap=True)
     for note in report.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True)
     overhead = max(0.0, wall_s - report.stage_work_s)
     startup = max(0.0, wall_s - report.wall_s)
-    console.print(
+    console.print(  # one line each, however narrow the log (soft_wrap)
         f"wall {wall_s:.1f}s: stage work {report.stage_work_s:.1f}s; Prefect+MLflow "
         f"{overhead:.1f}s ({100 * overhead / wall_s:.1f}%) = start-up and imports "
         f"{startup:.1f}s + inside the flow {report.overhead_s:.1f}s (MLflow calls "
-        f"{report.tracking_s:.1f}s)")
+        f"{report.tracking_s:.1f}s)", soft_wrap=True)
     registered = report.outputs.get("registered")
     if registered is not None:
         console.print(f"registered [bold]{registered.name}@{registered.version}[/bold] — "
-                      f"`autocompress lineage --model {registered.name}@{registered.version}`")
+                      f"`autocompress lineage --model {registered.name}@{registered.version}`",
+                      soft_wrap=True)
     if report.tracking_uri:
         console.print(f"MLflow: run {report.mlflow_run_id} in {report.tracking_uri} — "
-                      f"`mlflow ui --backend-store-uri {report.tracking_uri}`")
-    console.print(f"artifacts: {report.store_uri}")
+                      f"`mlflow ui --backend-store-uri {report.tracking_uri}`", soft_wrap=True)
+    console.print(f"artifacts: {report.store_uri}", soft_wrap=True)
 
 
 def lineage_command(

@@ -559,7 +559,7 @@ def measure_grid(
     padding = {m: quiet_padding(padding_trial(models[m], reference, ids[0, m],
                                               reference_ids.get(0)))
                for m in range(len(models))}
-    with Bar(description, rounds * len(pairs), enabled=progress, transient=True) as bar:
+    with Bar(description, rounds * len(pairs), enabled=progress) as bar:
         for round_index in range(rounds):
             order = list(pairs)
             shuffler.shuffle(order)

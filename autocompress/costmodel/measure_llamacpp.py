@@ -250,7 +250,7 @@ def measure_gguf_grid(
     results: list[list[Measurement]] = []
     shuffler = random.Random(seed)
     total = (warmup + repeats) * len(paths) * len(workloads)
-    with Bar(description, total, enabled=progress, transient=True) as bar:
+    with Bar(description, total, enabled=progress) as bar:
         for workload in workloads:
             sessions = [open_session(path, workload, threads) for path in paths]
             ref = open_session(reference, workload, threads) if reference else None
