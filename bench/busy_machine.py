@@ -23,7 +23,6 @@ cores (the JSON records the load each side saw).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import sys
@@ -33,6 +32,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from autocompress.atomic import write_json_atomic
 
 # --quick: a shorter search of the same shape, and a smaller cost-model fit.
 QUICK_SEARCH = {"dnas": {"steps": 20}, "selection": {"top_k": 2},
@@ -281,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
               "background_load": f"{args.spinners} process(es) spinning, one core each",
               "sides": [quiet, loaded], "quiet_check": check, "checks": checks,
               "total_s": round(time.perf_counter() - started, 1)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    print(f"wrote {write_json_atomic(out, result)}")
     return 0
 
 
