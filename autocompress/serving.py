@@ -34,6 +34,31 @@ START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
 
 
+def own_nice() -> int:
+    """This process's nice value, counting its session's autogroup (sched(7)): where
+    autogroups are on, the kernel shares the CPU between sessions first."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    try:  # "/autogroup-25 nice 19"
+        nice = max(nice, int(Path("/proc/self/autogroup").read_text().split()[-1]))
+    except (OSError, ValueError, IndexError):
+        pass
+    return nice
+
+
+def keep_priority(pid: int) -> None:
+    """Give a child started in a session of its own this process's priority. Its new
+    session's autogroup starts at nice 0, so a server started from a run that lowered
+    its priority (the test suite's, ``nice make ...``) would take a core from the work
+    it was lowered for. Popen has returned, so the child's setsid is done."""
+    nice = own_nice()
+    if nice <= 0:
+        return
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass  # no autogroups here: the nice value the child inherited is all it takes
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
@@ -100,6 +125,7 @@ class Stack:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     cwd=cwd, start_new_session=True,
                                     stdin=subprocess.DEVNULL)
+        keep_priority(proc.pid)
         service = Service(name, proc, log, url)
         self.services.append(service)
         return service
