@@ -3,7 +3,8 @@
 Each area of the library keeps its commands in ``autocompress/commands/<area>.py``
 and exposes ``register(app)``; this module only assembles them and turns
 ``AutoCompressError`` into a one-line message and exit code 2 (any other
-exception into one line, a log file with the traceback and exit code 3).
+exception into one line, a log file with the traceback and exit code 3), and SIGTERM
+into a clean stop with exit code 143 (what the process started is stopped too).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ app = typer.Typer(
     add_completion=False,
 )
 
+# A shell's code for a process SIGTERM ended; what ``autocompress`` exits with on SIGTERM.
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
 # What a command's output leaves out unless --verbose: in a log, third-party progress bars
 # (weights loading, datasets saving) and the INFO lines of Prefect (two per task) and MLflow
 # bury the stages' own lines. Warnings and errors still show; Prefect's UI keeps its logs
@@ -111,10 +115,47 @@ def main() -> None:
     report_errors(app)
 
 
+class Terminated(SystemExit):
+    """SIGTERM, raised in the main thread: the process unwinds as from ``sys.exit``, so
+    ``finally`` blocks, ``with`` exits and atexit handlers run. Python's default for SIGTERM
+    ends the process at once, and what it started lives on: Prefect's temporary server
+    (stopped by an atexit handler), a vLLM server. Not a KeyboardInterrupt: click turns
+    that into "Aborted!" and exit code 1, which here means a missed limit."""
+
+
+def _terminate(signum, frame) -> None:
+    # A second SIGTERM must not cut the clean-up short and orphan what it stops (SIGKILL
+    # still ends the process).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated(EXIT_TERMINATED)
+
+
+def _stop_cleanly_on_sigterm():
+    """Install ``_terminate`` for SIGTERM; the handler it replaced (None off the main
+    thread, where Python allows no handler)."""
+    try:
+        return signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:
+        return None
+
+
 def report_errors(entry: Callable[[], object]) -> None:
     """Run ``entry`` (the app, or a bench script's ``main``): a user error becomes one
     line with its hint and exit code 2; any other exception one line, a log file with
-    its traceback and exit code 3 (so that a crash never reads as verify's exit 1)."""
+    its traceback and exit code 3 (so that a crash never reads as verify's exit 1);
+    SIGTERM a clean stop with exit code 143 (``Terminated``)."""
+    previous = _stop_cleanly_on_sigterm()
+    try:
+        _run_reported(entry)
+    except Terminated:
+        typer.secho("stopped: SIGTERM", err=True)
+        raise
+    finally:  # for a caller in the same process (tests): its own handler back
+        if previous is not None and signal.getsignal(signal.SIGTERM) is _terminate:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run_reported(entry: Callable[[], object]) -> None:
     from pydantic import ValidationError
 
     try:
