@@ -43,6 +43,8 @@ from pydantic import BaseModel, Field
 from autocompress.artifacts import ArtifactRef, fetch, verify_with_cause
 from autocompress.atomic import write_json_atomic
 from autocompress.errors import AutoCompressError
+from autocompress.lineage_view import description as lineage_description
+from autocompress.lineage_view import key_figures
 from autocompress.paths import PACKAGE_DIR, home
 
 # mlflow is imported inside the functions that use it (each marked "lazy: mlflow"): it
@@ -247,7 +249,9 @@ class Tracker:
     # -- registry ------------------------------------------------------------
     def register_model(self, name: str, model: ArtifactRef, lineage: Lineage,
                        run_id: str | None = None, description: str | None = None) -> int:
-        """Register ``model`` as a new version of ``name``, with lineage tags; return it."""
+        """Register ``model`` as a new version of ``name``, with lineage tags and the
+        lineage in words as the version's description (``description`` first, if given);
+        return the version."""
         check_registry_name(name, "registry name")
         from mlflow.exceptions import MlflowException  # lazy: mlflow
         from mlflow.models.model import MLMODEL_FILE_NAME
@@ -277,9 +281,16 @@ class Tracker:
             version = self.client.create_model_version(
                 name, source=f"models:/{logged.model_id}", run_id=run_id,
                 tags={**tags, "autocompress.model_id": logged.model_id},
-                description=description, model_id=logged.model_id,
+                description=_version_description(description, lineage),
+                model_id=logged.model_id,
             )
         return int(version.version)
+
+
+def _version_description(description: str | None, lineage: Lineage) -> str:
+    # The SQL stores keep 5000 characters of a description.
+    text = "\n\n".join(filter(None, [description, lineage_description(lineage)]))
+    return _text(text, _MAX_TAG)
 
 
 @contextlib.contextmanager
@@ -367,13 +378,22 @@ class Lineage(BaseModel):
         for step, worker in self.workers.items():
             tags[f"lineage.worker.{step}"] = _text(worker, _MAX_TAG)
         for stage, ref in self.artifacts.items():
-            tags[f"artifact.{stage}"] = _text(
-                {"uri": ref.uri, "sha256": ref.sha256, "kind": ref.kind}, _MAX_TAG)
+            tags[f"artifact.{stage}"] = _text(self._artifact_tag(stage, ref), _MAX_TAG)
         return tags
+
+    def _artifact_tag(self, stage: str, ref: ArtifactRef) -> dict[str, Any]:
+        """An artifact's tag: where it is, its hash, and the figures its line of the
+        lineage shows (so that the lineage read back from tags shows them too)."""
+        tag: dict[str, Any] = {"uri": ref.uri, "sha256": ref.sha256, "kind": ref.kind}
+        figures = key_figures(stage, ref.metrics, self.limits)
+        if figures:
+            tag["metrics"] = figures
+        return tag
 
     @classmethod
     def from_tags(cls, tags: dict[str, str]) -> Lineage:
-        """Inverse of ``to_tags`` (metrics and meta of refs are not in tags)."""
+        """Inverse of ``to_tags`` (of a ref's metrics only its key figures are in tags,
+        and none of its meta)."""
         data: dict[str, Any] = {"costmodel_error": {}, "scores": {}, "measured": {}}
         for key, value in tags.items():
             if not key.startswith("lineage."):

@@ -39,6 +39,7 @@ from autocompress.defaults import (
 )
 from autocompress.errors import AutoCompressError
 from autocompress.limits import Limits
+from autocompress.lineage_view import headline, stage_lines
 from autocompress.profiles import PROFILES, get_profile
 
 console = Console()
@@ -418,6 +419,25 @@ def lineage_command(
         raise typer.Exit(1)
 
 
+def lineage_tree(report) -> list[str]:
+    """The lineage as the model version's description says it: the headline, then a
+    branch per stage (teacher → ... → verify, its key figures) and under it the artifact
+    and its check. Plain lines, not a rich Tree: rich crops a tree at 80 columns in a
+    log, and a log should keep every URI whole."""
+    status = {link.stage: link.status for link in report.chain}
+    colors = {"ok": "green", "unchecked": "bright_black"}
+    stages = stage_lines(report.lineage)
+    lines = [headline(report.lineage)]
+    for index, line in enumerate(stages):
+        last = index == len(stages) - 1
+        figures = f": {line.figures}" if line.figures else ""
+        check = status.get(line.stage, "unknown")
+        lines.append(f"{'└─' if last else '├─'} {typer.style(line.title, bold=True)}{figures}")
+        lines.append(f"{'  ' if last else '│ '}   {typer.style(check, fg=colors.get(check, 'red'))}"
+                     f" {line.stage} {line.sha256[:12]} {line.uri}")
+    return lines
+
+
 def _print_lineage(report) -> None:
     info = report.lineage
     console.print(f"[bold]{report.name}@{report.version}[/bold]  (MLflow {report.tracking_uri}, "
@@ -436,15 +456,8 @@ def _print_lineage(report) -> None:
             facts.add_row(group, ", ".join(f"{k}={_fmt(v) if isinstance(v, float) else v}"
                                            for k, v in values.items()))
     console.print(facts)
-    chain = Table(title="chain (teacher → registered model)")
-    for column in ("stage", "kind", "sha256", "status", "uri"):
-        chain.add_column(column)
-    colors = {"ok": "green", "unchecked": "dim"}
-    for link in report.chain:
-        color = colors.get(link.status, "red")
-        chain.add_row(link.stage, link.kind, link.sha256[:12],
-                      f"[{color}]{link.status}[/{color}]", link.uri)
-    console.print(chain)
+    for line in lineage_tree(report):
+        typer.echo(line)
     for problem in report.problems:
         console.print(f"[red]unreachable:[/red] {escape(problem)}")
     if not report.chain:
