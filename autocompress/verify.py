@@ -179,8 +179,8 @@ def verify(
             spec, runs = _measure_in_llamacpp(model_dir, target, workload, cost_model, repeats,
                                               warmup, seed, threads, sessions)
         elif target.engine.name == "vllm" and target.hardware.name == LOCAL_CPU:
-            spec, runs, serving = _measure_in_vllm(model_dir, target, workload, repeats,
-                                                   warmup, seed, sessions)
+            spec, runs, serving = _measure_in_vllm(model_dir, target, workload, cost_model,
+                                                   repeats, warmup, seed, sessions)
         else:
             device = measurement_device(target)
             model, _ = load_causal_lm(model_dir, dtype=_TORCH_DTYPES[target.dtype],
@@ -280,8 +280,9 @@ def _measure_in_llamacpp(model_dir, target, workload, cost_model, repeats, warmu
         return read_gguf_spec(report.path)[0], measure(report.path)
 
 
-def _measure_in_vllm(model_dir, target, workload, repeats, warmup, seed, sessions: int = 1):
-    """(spec, [(Measurement, "median")] per session, {each session's vLLM-style
+def _measure_in_vllm(model_dir, target, workload, cost_model, repeats, warmup, seed,
+                     sessions: int = 1):
+    """(spec, [(Measurement, the fit's statistic)] per session, {each session's vLLM-style
     percentiles, vLLM's log-probabilities against PyTorch's}) of a model served by vLLM:
     exported to nemotron-nas first unless it is one (what vLLM
     cannot compute exactly is refused there, before any engine starts); one server per
@@ -299,7 +300,8 @@ def _measure_in_vllm(model_dir, target, workload, repeats, warmup, seed, session
         results = [measure_in_vllm(served, workload, target.dtype, repeats=repeats,
                                    warmup=warmup, seed=seed + session)
                    for session in range(sessions)]
-    runs = [(reading.measurement, "median") for reading in results]
+    statistic = cost_model.fit.statistic if cost_model.fit is not None else "median"
+    runs = [(reading.measurement, statistic) for reading in results]
     return spec, runs, {"sessions": [reading.serving.model_dump() for reading in results],
                         "logits": results[0].logits}
 

@@ -201,6 +201,14 @@ def checkpoint_shapes(model_dir: str | Path) -> dict[str, list[int]]:
 # ------------------------------------------------------------------ the model
 
 
+def has_tokenizer(model_dir: str | Path) -> bool:
+    """Whether a model directory carries a tokenizer. A cost-model probe (random weights,
+    written from a config) has none; vLLM then serves it without one (it is sent token
+    ids and streams token ids, so only the API server's detokenizing is left out)."""
+    return any((Path(model_dir) / name).is_file()
+               for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
 def is_nemotron_nas(model_dir: str | Path) -> bool:
     config = Path(model_dir) / "config.json"
     if not config.is_file():
@@ -238,13 +246,21 @@ class VllmServer:
     bound a request's tokens and the requests batched together; ``kv_cache_gib`` is the
     KV cache's size (``VLLM_CPU_KVCACHE_SPACE``); ``eager`` skips vLLM's graph
     compilation (about a minute longer start-up on 2 cores, a few percent faster steps).
-    ``max_logprobs`` caps what a request may ask (-1: the whole vocabulary).
+    ``max_logprobs`` caps what a request may ask (-1: the whole vocabulary). ``device``:
+    ``cpu`` (vLLM's CPU build), or ``cuda`` (its CUDA build, in the environment
+    ``AUTOCOMPRESS_VLLM_VENV`` names), where the KV pool is ``gpu_memory_utilization`` of
+    the GPU's memory less the rest, as vLLM sizes it, instead of ``kv_cache_gib``.
     """
 
     def __init__(self, model_dir: str | Path, *, dtype: str = "fp32", max_model_len: int = 1024,
                  max_num_seqs: int = 8, kv_cache_gib: int = 1, eager: bool = True,
                  max_logprobs: int = 20, log_dir: str | Path | None = None,
-                 start_timeout: float = START_TIMEOUT_S, extra_args: list[str] | None = None):
+                 start_timeout: float = START_TIMEOUT_S, extra_args: list[str] | None = None,
+                 device: str = "cpu", gpu_memory_utilization: float = 0.9):
+        if device not in ("cpu", "cuda"):
+            raise AutoCompressError(f"vLLM serves on cpu or cuda here, not {device!r}",
+                                    hint="use device='cpu' or device='cuda'")
+        self.device, self.gpu_memory_utilization = device, gpu_memory_utilization
         if dtype not in DTYPES:
             raise AutoCompressError(f"vLLM cannot serve dtype {dtype!r} here",
                                     hint=f"use one of {', '.join(DTYPES)}")
@@ -311,11 +327,13 @@ class VllmServer:
 
     def memory(self) -> VllmMemory:
         cache = cache_config_from_metrics(self.metrics_text())
+        per_token = kv_token_bytes(self.model_dir, self.dtype)
+        blocks, block = int(cache["num_gpu_blocks"]), int(cache["block_size"])
+        # On a GPU the pool is what vLLM's profiling left; on the CPU the size it was given.
+        pool = self.kv_cache_gib * GIB if self.device == "cpu" else blocks * block * per_token
         memory = VllmMemory(weights_bytes=served_weight_bytes(self.model_dir, self.dtype),
-                            kv_bytes_per_token=kv_token_bytes(self.model_dir, self.dtype),
-                            kv_cache_bytes=self.kv_cache_gib * GIB,
-                            kv_cache_blocks=int(cache["num_gpu_blocks"]),
-                            block_size=int(cache["block_size"]))
+                            kv_bytes_per_token=per_token, kv_cache_bytes=pool,
+                            kv_cache_blocks=blocks, block_size=block)
         memory.check_kv_cache()
         return memory
 
@@ -340,14 +358,19 @@ class VllmServer:
                 "--disable-uvicorn-access-log", "--generation-config", "vllm"]
         if self.eager:
             args.append("--enforce-eager")
+        if not has_tokenizer(self.model_dir):  # a probe: requests are token ids anyway
+            args.append("--skip-tokenizer-init")
+        if self.device == "cuda":
+            args += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         return args + self.extra_args
 
     def _env(self) -> dict[str, str]:
         # Our environment's Python paths must not leak into vLLM's interpreter.
         env = {k: v for k, v in os.environ.items()
                if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        return {**env, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib),
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+        if self.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_gib)
+        return {**env, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                 "PYTHONUNBUFFERED": "1"}
 
 

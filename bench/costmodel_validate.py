@@ -24,7 +24,8 @@ minutes (7 to fit, 15 to validate); ``--absolute`` about 6.
         [--out bench/results/costmodel_validate.json]
 
 ``--target cpu-local/llama.cpp/q8_0`` does the same in llama.cpp (each model
-exported to GGUF; about 10 minutes on 2 cores at load 8).
+exported to GGUF; about 10 minutes on 2 cores at load 8). ``--target cpu-local/vllm/bf16``
+serves each model in vLLM, one server per model (about 20 s to start), timed absolutely.
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ def joint_fit_and_validate(target, base, workloads, args):
 
     start = time.perf_counter()
     base_spec = arch_spec_of(base)
-    probes = ProbeSampler.around(base_spec).probe_specs(args.probes, seed=0)
-    held_out = sample_specs(base_spec, args.n, seed=1000)
+    probes = ProbeSampler.for_target(base_spec, target).probe_specs(args.probes, seed=0)
+    held_out = sample_specs(base_spec, args.n, seed=1000, target=target)
     models = [build_model(s, base, seed=i) for i, s in enumerate([*probes, *held_out])]
-    reference = None if args.absolute else timing_reference(base_spec)
+    absolute = args.absolute or not target.paired_timing
+    reference = None if absolute else timing_reference(base_spec)
     grid = measure_on_target(target, models, workloads, repeats=args.repeats,
                              warmup=args.warmup, description="probes + validation",
                              reference=reference)
@@ -73,7 +75,7 @@ def joint_fit_and_validate(target, base, workloads, args):
     model = model.model_copy(update={"fit": fit_report(
         model, rows, args.statistic, n_probes=len(probes), workloads=workloads,
         seconds=time.perf_counter() - start,
-        reference_spec=None if args.absolute else base_spec)})
+        reference_spec=None if absolute else base_spec)})
     seconds = time.perf_counter() - start
     report = score_measurements(model, held_out, workloads,
                                 [row[len(probes):] for row in grid], args.statistic, seconds)

@@ -181,8 +181,13 @@ def test_cli_predict_json_and_presets(configs):
             "interactive-cpu"} <= set(presets)
     rows = json.loads(runner.invoke(app, ["costmodel", "targets", "--format", "json"]).output)
     measurable = {r["target"] for r in rows if r["measurable"]}
-    assert "cpu-local/llama.cpp/q4_0" in measurable and "cpu-local/hf-eager/fp32" in measurable
+    assert {"cpu-local/llama.cpp/q4_0", "cpu-local/hf-eager/fp32", "cpu-local/vllm/bf16",
+            "cpu-local/vllm/fp32"} <= measurable
     assert "h100-sxm/vllm/bf16" in {r["target"] for r in rows} - measurable
+    from autocompress.vllm_engine import engine_available
+    installed = {r["target"]: r["engine_installed"] for r in rows}
+    assert installed["cpu-local/vllm/bf16"] is engine_available()
+    assert installed["cpu-local/hf-eager/fp32"] is True
     result = runner.invoke(app, ["costmodel", "predict", "--model", str(configs["70b"]),
                                  "--target", "rtx-5070/vllm/bf16", "--workload", "interactive"])
     assert result.exit_code == 0 and "does not fit" in result.output

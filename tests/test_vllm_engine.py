@@ -8,6 +8,7 @@ when its parent is interrupted or killed start one each, in a child process.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -224,3 +225,30 @@ def test_a_killed_parent_takes_its_server_down(server_in_a_child):
     child.kill()
     child.wait(timeout=30)
     assert _gone(pgid)
+
+
+def test_probes_served_by_vllm_fit_a_cost_model_that_holds_vllms_memory():
+    """``costmodel fit`` on cpu-local/vllm: each probe (random weights, from the space a vLLM
+    search has) is exported, served by its own vLLM server and timed absolutely by the
+    engine; the fitted model reproduces vLLM's memory accounting of every probe."""
+    from autocompress.costmodel.fit import fit_cost_model
+    from autocompress.costmodel.probes import default_base_config
+    from autocompress.costmodel.target import Target
+    from autocompress.costmodel.workload import Workload
+
+    target = Target.parse("cpu-local/vllm/fp32")
+    workload = Workload(name="tiny", isl=16, osl=4, batch=2)
+    running = set(vllm_engine._running)
+    model, rows = fit_cost_model(target, default_base_config(), [workload], n_probes=4,
+                                 repeats=2, warmup=1, paired=True, progress=False)
+    assert vllm_engine._running == running  # every probe's server was stopped
+    assert model.fit.timing == "absolute" and model.fit.reference_spec is None
+    assert [row.paired for row in rows] == [None] * 4
+    assert len({json.dumps(row.spec, sort_keys=True) for row in rows}) == 4
+    for row in rows:
+        assert row.ttft_ms.median > 0 and row.tpot_ms.median > 0
+        spec = ArchSpec.model_validate(row.spec)
+        assert {layer.attention.num_heads for layer in spec.layers if layer.attention} == {8}
+        assert model.memory_bytes(spec, workload).total == pytest.approx(row.memory_bytes,
+                                                                         rel=0.01)
+    assert model.fit.threads == rows[0].threads >= 1  # the cores vLLM computed on

@@ -135,9 +135,10 @@ def with_drift(measured: dict[str, float], noise: dict[str, float],
 
 
 def measures_memory(cost_model) -> bool:
-    """Whether a reading on this cost model's target measures memory: llama.cpp's do (the
-    engine reports its buffers), hf-eager's do not (see ``MEMORY``)."""
-    return cost_model.target.engine.name == "llama.cpp"
+    """Whether a reading on this cost model's target measures memory: llama.cpp's (the
+    engine reports its buffers) and vLLM's (its weights and KV blocks) do, hf-eager's do
+    not (see ``MEMORY``)."""
+    return cost_model.target.engine.name in ("llama.cpp", "vllm")
 
 
 def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeats: int):
@@ -159,6 +160,13 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
             path = write_timing_gguf(model, Path(tmp), "candidate", cost_model.target.dtype)
             measurement, statistic = measure_gguf_as_fitted(path, workload, cost_model,
                                                             repeats=repeats)
+        return measurement.metrics(statistic), measurement_noise(measurement)
+    if cost_model.target.engine.name == "vllm":  # served by vLLM, as verify will
+        from autocompress.costmodel.measure_vllm import measure_models_vllm
+
+        measurement = measure_models_vllm([model], [workload], cost_model.target.dtype,
+                                          repeats=repeats, progress=False)[0][0]
+        statistic = cost_model.fit.statistic if cost_model.fit is not None else "median"
         return measurement.metrics(statistic), measurement_noise(measurement)
     model.to(measurement_device(cost_model.target))
     measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,

@@ -148,6 +148,7 @@ def targets(fmt: str = format_option("the targets")) -> None:
     for name in known_targets():
         target = Target.parse(name)
         rows.append({"target": name, "measurable": target.measurable,
+                     "engine_installed": _engine_installed(target),
                      "cost_model": "fitted" if default_path(target).exists() else "analytic"})
     if print_json(fmt):
         typer.echo(json.dumps(rows, indent=2))
@@ -156,10 +157,20 @@ def targets(fmt: str = format_option("the targets")) -> None:
     for column in ("target", "timed on this machine", "cost model"):
         table.add_column(column, no_wrap=True)
     for row in rows:
-        table.add_row(row["target"], "yes" if row["measurable"] else "no (spec sheet)",
-                      row["cost_model"])
+        timed = "no (spec sheet)" if not row["measurable"] else \
+            "yes" if row["engine_installed"] else "yes, once installed (make vllm)"
+        table.add_row(row["target"], timed, row["cost_model"])
     console.print(table)
     console.print("`autocompress costmodel fit --target T` fits a measurable target's model.")
+
+
+def _engine_installed(target) -> bool:
+    """Whether the engine of a target timed here is installed (vLLM has a venv of its own)."""
+    if target.engine.name != "vllm" or not target.measurable:
+        return True
+    from autocompress.vllm_engine import engine_available
+
+    return engine_available()
 
 
 def _cost_model(target_text: str, tp: int, cost_model: Path | None, threads: int = 1):
@@ -289,8 +300,8 @@ def _workloads(names: list[str] | None):
     return [get_workload(n) for n in (names or CPU_FIT_WORKLOADS)]
 
 
-MEASURABLE_HELP = ("A measurable target: cpu-local/hf-eager/fp32|bf16 or "
-                   "cpu-local/llama.cpp/f32|f16|q8_0|q4_0.")
+MEASURABLE_HELP = ("A measurable target: cpu-local/hf-eager/fp32|bf16, "
+                   "cpu-local/llama.cpp/f32|f16|q8_0|q4_0 or cpu-local/vllm/fp32|bf16.")
 
 
 def _fit_settings():
@@ -405,7 +416,8 @@ def validate(
     n, statistic = settings.n, settings.statistic
     if not Target.parse(target).measurable:
         raise AutoCompressError(f"{target} cannot be measured on this machine",
-                                hint="validate cpu-local/hf-eager/fp32 or cpu-local/llama.cpp/q8_0")
+                                hint="validate cpu-local/hf-eager/fp32, cpu-local/llama.cpp/q8_0 "
+                                "or cpu-local/vllm/bf16")
     # lazy, after the checks: a bad target is one line that does not wait for torch
     from autocompress.costmodel.probes import default_base_config
     from autocompress.costmodel.validate import plot_validation, validate_cost_model

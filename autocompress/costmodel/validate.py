@@ -95,9 +95,13 @@ class ValidationReport(BaseModel):
         return [(m, self.mape[m], self.kendall_tau[m], self.spread[m]) for m in SCORED]
 
 
-def sample_specs(reference: ArchSpec, n: int, seed: int = 1000) -> list[ArchSpec]:
-    """``n`` distinct heterogeneous specs from the default space, spread over depths."""
-    return ProbeSampler.around(reference).sample_spread(n, random.Random(seed))
+def sample_specs(reference: ArchSpec, n: int, seed: int = 1000,
+                 target: Any = None) -> list[ArchSpec]:
+    """``n`` distinct heterogeneous specs from the default space (``target``'s search space
+    when given: ``ProbeSampler.for_target``), spread over depths."""
+    sampler = ProbeSampler.for_target(reference, target) if target is not None \
+        else ProbeSampler.around(reference)
+    return sampler.sample_spread(n, random.Random(seed))
 
 
 def score(
@@ -143,7 +147,7 @@ def validate_cost_model(
         raise ValueError(f"statistic must be one of {STATISTICS}")
     start = time.perf_counter()
     base = arch_spec_of(base_config)
-    specs = sample_specs(base, n, seed)
+    specs = sample_specs(base, n, seed, model.target)
     models = [build_model(spec, base_config, seed=seed + i) for i, spec in enumerate(specs)]
     from autocompress.costmodel.fit import measure_on_target
 
@@ -157,7 +161,7 @@ def validate_cost_model(
 def validation_reference(model: CostModel, base: ArchSpec) -> torch.nn.Module | None:
     """The paired-timing reference to validate ``model`` with (None: absolute timing)."""
     fit = model.fit
-    if fit is not None and fit.timing != "paired":
+    if not model.target.paired_timing or (fit is not None and fit.timing != "paired"):
         return None
     if fit is not None and fit.reference_spec:
         return timing_reference(fit.reference_spec)
