@@ -110,6 +110,21 @@ def side_runs(units: list[Unit], side: tuple[str, str], budget: float,
     return out
 
 
+def side_archs(units: list[Unit], side: tuple[str, str], budget: float,
+               results: Path) -> dict[int, Any]:
+    """seed -> the architecture ``side`` (method, unit kind) picked, where its compare ran."""
+    method, kind = side
+    out = {}
+    for unit in units:
+        path = unit_dir(unit, results) / f"compare_{method}.json"
+        if unit.kind == "compare" and unit.budget == budget and unit.id.endswith(f"-{kind}") \
+                and method in unit.methods and path.exists():
+            seeds = only_method(path)[1].get("seeds") or []
+            if seeds:
+                out[unit.seed] = seeds[0]["arch"]
+    return out
+
+
 def teacher_bpb(units: list[Unit], budget: float, results: Path) -> float | None:
     """The teacher's HumanEval bits/byte (the same items in every unit: their mean)."""
     values = []
@@ -145,7 +160,13 @@ def compare(comparison: Comparison, units: list[Unit], budget: float,
     mc = _triple(mc_diff, 100)
     gain = oriented(_triple(bpb, 1 / teacher), -1)  # B − A: positive when A is better
     heldout = diff([HELDOUT_TASK])
-    return {**row, "mc_points": mc, "bpb_diff": _triple(bpb), "bpb_gain_share": gain,
+    # Where both sides picked one architecture the difference is nil by construction (one
+    # distillation, cached), not a measured tie: the report says so.
+    arch_a = side_archs(units, comparison.a, budget, results)
+    arch_b = side_archs(units, comparison.b, budget, results)
+    same = [s for s in seeds if s in arch_a and arch_a[s] == arch_b.get(s)]
+    return {**row, "same_architecture_seeds": same, "mc_points": mc,
+            "bpb_diff": _triple(bpb), "bpb_gain_share": gain,
             "heldout_diff": _triple(heldout), "teacher_bpb": teacher,
             "n_items": {"mc": mc_diff.n_items, "bpb": bpb.n_items},
             "verdict": verdict(mc, gain, comparison.mc_bar, comparison.bpb_bar),
@@ -188,6 +209,9 @@ def report_markdown(rows: list[dict[str, Any]], hours: list[dict[str, Any]],
             lines.append(f"| {r['name']} | {r['role']} | – | – | – | – | {r['verdict']} |")
             continue
         status = "" if r["decisive"] else " (not decisive: seeds 0, 1, 2 are not all in)"
+        if r.get("same_architecture_seeds"):
+            status += ("; the same architecture on both sides for seed(s) "
+                       + ", ".join(map(str, r["same_architecture_seeds"])))
         gain = [100 * x for x in r["bpb_gain_share"]]
         lines.append(
             f"| {r['name']} | {r['role']} | {', '.join(map(str, r['seeds']))} | "

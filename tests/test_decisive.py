@@ -70,3 +70,25 @@ def test_one_seed_is_reported_as_not_decisive(tmp_path):
     row = decisive.compare(decisive.COMPARISONS[0], units, 0.5, tmp_path)
     assert not row["decisive"]
     assert "not decisive" in decisive.report_markdown([row], [], 0.5)
+
+
+def write_compare(path: Path, arch: dict) -> None:
+    path.write_text(json.dumps({"runs": [{"methods": {"m": {"seeds": [{"arch": arch}]}}}]}))
+
+
+def test_both_sides_with_one_architecture_are_named_so_not_called_a_tie(tmp_path):
+    units = campaign.plan_units()
+    here = tmp_path / "50-s0-b"
+    write_eval(here / "eval_teacher.json", 0.7, 1.0, 0)
+    for method in ("autocompress", "greedy"):
+        write_eval(here / f"eval_{method}.json", 0.6, 1.10, 0)
+        write_compare(here / f"compare_{method}.json", {"hidden_size": 576, "layers": [1]})
+    claim2 = decisive.COMPARISONS[2]
+    row = decisive.compare(claim2, units, 0.5, tmp_path)
+    assert row["same_architecture_seeds"] == [0]
+    assert "the same architecture on both sides for seed(s) 0" in \
+        decisive.report_markdown([row], [], 0.5)
+    write_compare(here / "compare_greedy.json", {"hidden_size": 512, "layers": [1]})
+    row = decisive.compare(claim2, units, 0.5, tmp_path)
+    assert row["same_architecture_seeds"] == []
+    assert "same architecture" not in decisive.report_markdown([row], [], 0.5)
