@@ -679,6 +679,7 @@ def test_random_search_scores_as_many_candidates_as_the_search(ctx, capsys, monk
 
     config = CONFIG.model_copy(update={"random": RandomConfig(candidates=count)})
     monkeypatch.delenv("AUTOCOMPRESS_QUIET", raising=False)
+    monkeypatch.setattr("autocompress.progress.LOG_EVERY_S", 0.0)  # a log line every step
     capsys.readouterr()
     report = run_method(ctx, "random", limits, config, progress=True).report(ctx)
     assert f"[random candidates] {count}/{count}" in capsys.readouterr().out  # long: a bar
