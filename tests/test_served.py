@@ -384,8 +384,10 @@ def test_served_compression_event_timeout_retry_schedule_and_uis(served, tiny_to
     (ROOT / "docs" / "img").mkdir(exist_ok=True)
     with Browser(tmp / "chromium-profile") as browser:
         browser.goto(f"{served['mlflow']}/#/models/{RESULT_NAME}/versions/1")
-        browser.text_with([RESULT_NAME, "lineage.trigger_event", event_id,
-                           "lineage.worker.model", accelerator_worker])
+        # The readable description (lineage_view) and the tags for tools, both on the page.
+        browser.text_with([RESULT_NAME, "Compressed from", "cost model", "verify",
+                           "lineage.trigger_event", event_id, "lineage.worker.model",
+                           accelerator_worker])
         if save:
             browser.screenshot(ROOT / "docs" / "img" / "mlflow-model-lineage.png")
         browser.log_in_to_prefect(served["prefect"], env["PREFECT_API_AUTH_STRING"])
