@@ -289,6 +289,7 @@ def _measure_in_vllm(model_dir, target, workload, cost_model, repeats, warmup, s
     session."""
     import tempfile
 
+    from autocompress.costmodel.measure import fitted_statistic
     from autocompress.costmodel.measure_vllm import measure_in_vllm
     from autocompress.export import spec_from_nemotron_nas
     from autocompress.vllm_engine import export_for_vllm, vllm_python
@@ -300,8 +301,7 @@ def _measure_in_vllm(model_dir, target, workload, cost_model, repeats, warmup, s
         results = [measure_in_vllm(served, workload, target.dtype, repeats=repeats,
                                    warmup=warmup, seed=seed + session)
                    for session in range(sessions)]
-    statistic = cost_model.fit.statistic if cost_model.fit is not None else "median"
-    runs = [(reading.measurement, statistic) for reading in results]
+    runs = [(reading.measurement, fitted_statistic(cost_model)) for reading in results]
     return spec, runs, {"sessions": [reading.serving.model_dump() for reading in results],
                         "logits": results[0].logits}
 

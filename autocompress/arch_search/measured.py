@@ -142,7 +142,7 @@ def measures_memory(cost_model) -> bool:
 
 
 def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeats: int):
-    from autocompress.costmodel.measure import measure_as_fitted
+    from autocompress.costmodel.measure import fitted_statistic, measure_as_fitted
     from autocompress.modeling import build_model
     from autocompress.verify import measurement_device, measurement_noise
 
@@ -166,8 +166,7 @@ def _measure_spec(spec: ArchSpec, base_config: Any, cost_model, workload, repeat
 
         measurement = measure_models_vllm([model], [workload], cost_model.target.dtype,
                                           repeats=repeats, progress=False)[0][0]
-        statistic = cost_model.fit.statistic if cost_model.fit is not None else "median"
-        return measurement.metrics(statistic), measurement_noise(measurement)
+        return measurement.metrics(fitted_statistic(cost_model)), measurement_noise(measurement)
     model.to(measurement_device(cost_model.target))
     measurement, statistic = measure_as_fitted(model, workload, cost_model, repeats=repeats,
                                                memory=False)

@@ -639,6 +639,12 @@ def measure_model(
                         reference=reference)[0]
 
 
+def fitted_statistic(cost_model) -> str:
+    """The timing statistic ``cost_model`` was fitted to (median where it has no fit), which a
+    timing compared with its predictions must use."""
+    return cost_model.fit.statistic if cost_model.fit is not None else "median"
+
+
 def measure_as_fitted(model: torch.nn.Module, workload: Workload, cost_model, repeats: int = 5,
                       warmup: int = 1, seed: int = 0, threads: int | None = None,
                       memory: bool = True):
@@ -665,4 +671,4 @@ def measure_as_fitted(model: torch.nn.Module, workload: Workload, cost_model, re
     scale = fit.reference_scale(workload) if reference is not None else None
     if scale is not None:  # the fit's pooled floor, steadier than this short session's
         measurement = measurement.with_scale(scale, source="fit")
-    return measurement, (fit.statistic if fit is not None else "median")
+    return measurement, fitted_statistic(cost_model)

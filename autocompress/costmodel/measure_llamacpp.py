@@ -52,6 +52,7 @@ from autocompress.costmodel.measure import (
     Measurement,
     RunTimes,
     _Samples,
+    fitted_statistic,
     timing_reference,
 )
 from autocompress.costmodel.workload import Workload
@@ -367,4 +368,4 @@ def measure_gguf_as_fitted(path: str | Path, workload: Workload, cost_model, rep
     scale = fit.reference_scale(workload) if paired else None
     if scale is not None:
         measurement = measurement.with_scale(scale, source="fit")
-    return measurement, (fit.statistic if fit is not None else "median")
+    return measurement, fitted_statistic(cost_model)

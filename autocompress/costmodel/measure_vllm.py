@@ -110,7 +110,7 @@ def time_workload(server: VllmServer, workload: Workload, *, repeats: int = 5,
         repeats=repeats,
         warmup=warmup,
         threads=_last_cores(server.log_text()),
-        device="cpu (vLLM)",
+        device=f"{server.device} (vLLM)",
     )
     return measurement, report
 
