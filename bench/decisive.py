@@ -96,32 +96,35 @@ def verdict(mc: tuple[float, float, float], bpb_gain: tuple[float, float, float]
 # ------------------------------------------------------------------ the units' files
 
 
-def side_runs(units: list[Unit], side: tuple[str, str], budget: float,
-              results: Path) -> dict[int, dict[str, Any]]:
-    """seed -> the evaluation JSON of ``side`` (method, unit kind) in finished steps."""
+def side_files(units: list[Unit], side: tuple[str, str], budget: float, results: Path,
+               prefix: str) -> dict[int, Path]:
+    """seed -> the ``PREFIX_METHOD.json`` of ``side`` (method, unit kind) in finished steps."""
     method, kind = side
     out = {}
     for unit in units:
         if unit.kind != "compare" or unit.budget != budget or not unit.id.endswith(f"-{kind}"):
             continue
-        path = unit_dir(unit, results) / f"eval_{method}.json"
+        path = unit_dir(unit, results) / f"{prefix}_{method}.json"
         if method in unit.methods and path.exists():
-            out[unit.seed] = json.loads(path.read_text())
+            out[unit.seed] = path
     return out
+
+
+def side_runs(units: list[Unit], side: tuple[str, str], budget: float,
+              results: Path) -> dict[int, dict[str, Any]]:
+    """seed -> the evaluation JSON of ``side`` (method, unit kind) in finished steps."""
+    return {seed: json.loads(path.read_text())
+            for seed, path in side_files(units, side, budget, results, "eval").items()}
 
 
 def side_archs(units: list[Unit], side: tuple[str, str], budget: float,
                results: Path) -> dict[int, Any]:
     """seed -> the architecture ``side`` (method, unit kind) picked, where its compare ran."""
-    method, kind = side
     out = {}
-    for unit in units:
-        path = unit_dir(unit, results) / f"compare_{method}.json"
-        if unit.kind == "compare" and unit.budget == budget and unit.id.endswith(f"-{kind}") \
-                and method in unit.methods and path.exists():
-            seeds = only_method(path)[1].get("seeds") or []
-            if seeds:
-                out[unit.seed] = seeds[0]["arch"]
+    for seed, path in side_files(units, side, budget, results, "compare").items():
+        picked = only_method(path)[1].get("seeds") or []
+        if picked:
+            out[seed] = picked[0]["arch"]
     return out
 
 
