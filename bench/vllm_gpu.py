@@ -33,6 +33,11 @@ DEFAULT_OUT = Path("bench/results/vllm_gpu.json")
 
 
 def skipped(out: Path, reason: str) -> int:
+    """One line and a record that nothing was measured, unless ``out`` holds a measured
+    result (a GPU machine's), which a later run without a GPU must not replace."""
+    if out.is_file() and json.loads(out.read_text()).get("measured"):
+        print(f"vLLM GPU check skipped: {reason} (kept the measured result in {out})")
+        return 0
     print(f"vLLM GPU check skipped: {reason}")
     write_json_atomic(out, {"measured": False, "skipped": reason})
     return 0
