@@ -113,7 +113,7 @@ def main() -> None:
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.validate import plot_validation, validate_cost_model
     from autocompress.costmodel.workload import get_workload
-    from autocompress.hardware import load_profile
+    from autocompress.hardware import load_profile, machine_summary
 
     workloads = [get_workload(n) for n in (args.workload or CPU_FIT_WORKLOADS)]
     base = default_base_config()
@@ -171,6 +171,7 @@ def main() -> None:
         "goals": {"mape": GOALS, "kendall_tau": TAU_GOAL},
         "fit_report": model.fit.model_dump(mode="json") if model.fit else None,
         "hardware": profile.cpu_spec().model_dump(mode="json"),
+        "machine": machine_summary(),  # CPU model, vector extensions, cores, threads, load
         "plot": str(png),
     })
     write_json_atomic(args.out, payload)
