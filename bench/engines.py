@@ -1,17 +1,22 @@
-"""The same architectures timed in hf-eager (PyTorch) and in llama.cpp (f32 and q8_0).
+"""The same architectures timed in hf-eager (PyTorch), llama.cpp and vLLM.
 
 Starting from the teacher's shape, one factor changes at a time: depth (whole
 layers removed), FFN width (every layer), attention (query heads and KV heads of
 every layer, or attention removed), hidden size. Every architecture is timed on
 one workload in each engine with that engine's paired timing (hf-eager:
 ``costmodel.measure``; llama.cpp: ``costmodel.measure_llamacpp``; the reference
-is the teacher's shape in the same engine), so the table compares *relative*
-costs: how much of the teacher's TPOT / TTFT one factor buys in each engine.
+is the teacher's shape in the same engine; vLLM, which serves from processes of its
+own, is timed absolutely, server by server), so the table compares *relative* costs:
+how much of the teacher's TPOT / TTFT one factor buys in each engine. ``--model``
+takes the shape from another teacher (``smollm2-135m``: SmolLM2's 30 layers of 576).
 Where a fitted cost model of the engine's target exists (``costmodel fit``),
 its prediction of each architecture is scored too (MAPE per engine).
 
     nice -n 10 .venv/bin/python -m bench.engines [--workload interactive-cpu]
         [--repeats 5] [--json bench/results/engines.json] [--plot bench/results/engines.png]
+    .venv/bin/python -m bench.engines --model smollm2-135m --engines cpu-local/hf-eager/fp32 \
+        cpu-local/llama.cpp/q8_0 cpu-local/vllm/bf16 --json bench/results/engines_smollm2.json \
+        --plot bench/results/engines_smollm2.png
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def variants(base: ArchSpec) -> dict[str, list[tuple[float, ArchSpec]]]:
 def time_engine(target_name: str, specs: list[ArchSpec], base_config, workload, repeats: int):
     target = Target.parse(target_name)
     models = [build_model(spec, base_config, seed=i) for i, spec in enumerate(specs)]
-    reference = timing_reference(arch_spec_of(base_config))
+    reference = timing_reference(arch_spec_of(base_config)) if target.paired_timing else None
     grid = measure_on_target(target, models, [workload], repeats=repeats, warmup=1, seed=0,
                              progress=True, description=target_name, reference=reference)
     cost_model = CostModel.for_target(target)
@@ -114,8 +119,22 @@ def _cell(point: dict) -> str:
     return f"{point['tpot_rel']:.2f} ({point['ttft_rel']:.2f})".rjust(24)
 
 
+def teacher_config(model: str | None):
+    """The config of ``model`` (a named teacher, a directory, a hub id), else the default's."""
+    if model is None:
+        return default_base_config()
+    from transformers import AutoConfig
+
+    from autocompress.model_source import resolve_model_dir
+
+    return AutoConfig.from_pretrained(resolve_model_dir(model))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None,
+                        help="teacher whose shape the variants start from (default: the bundled "
+                        "one; e.g. smollm2-135m)")
     parser.add_argument("--workload", default="interactive-cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--engines", nargs="+", default=list(ENGINES))
@@ -124,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
-    base_config = default_base_config()
+    base_config = teacher_config(args.model)
     base = arch_spec_of(base_config)
     workload = get_workload(args.workload)
     factors = variants(base)
@@ -141,6 +160,9 @@ def main() -> None:
         timed[engine], versions[engine] = time_engine(engine, specs, base_config, workload,
                                                       args.repeats)
     results: dict = {"workload": workload.name, "engines": args.engines, "factors": {},
+                     "teacher": args.model or "default",
+                     "timing": {e: "paired" if Target.parse(e).paired_timing else "absolute"
+                                for e in args.engines},
                      "cost_models": versions, "cost_model_mape": {}}
     for factor, points in factors.items():
         results["factors"][factor] = {engine: [] for engine in args.engines}
@@ -164,12 +186,17 @@ def main() -> None:
     plot(results, args.plot)
     header = f"{'factor':10} {'kept':>5} " + " ".join(
         f"{e.removeprefix('cpu-local/'):>24}" for e in args.engines)
-    print(f"TPOT / teacher's TPOT (TTFT ratio in brackets), {workload.name}, paired timing")
+    print(f"TPOT / teacher's TPOT (TTFT ratio in brackets), {workload.name}")
     print(header)
     for factor, by_engine in results["factors"].items():
         for i, point in enumerate(by_engine[args.engines[0]]):
             cells = " ".join(_cell(by_engine[e][i]) for e in args.engines)
             print(f"{factor:10} {point['kept']:>5.2f} {cells}")
+    for engine in args.engines:
+        teacher = timed[engine][0]
+        print(f"teacher in {engine}: TPOT {teacher['tpot_ms']:.2f} ms "
+              f"(±{100 * teacher['tpot_spread']:.1f}%), TTFT {teacher['ttft_ms']:.1f} ms, "
+              f"memory {teacher['memory_gb']:.3f} GB")
     for engine, errors in results["cost_model_mape"].items():
         shown = ", ".join(f"{k} {v:.1f}%" for k, v in errors.items() if v is not None)
         print(f"cost model MAPE {engine}: {shown or 'no fitted model'}")

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -55,12 +54,11 @@ from autocompress.export import load_nemotron_nas
 from autocompress.hardware import RobustStat
 from autocompress.progress import Bar
 from autocompress.vllm_client import ServingReport, prompt_logprobs, serving_report, time_rounds
-from autocompress.vllm_engine import VllmServer, export_for_vllm, vllm_python
+from autocompress.vllm_engine import VllmServer, export_for_vllm, on_cpus, vllm_python
 
 KV_CACHE_GIB = 1  # the pool vLLM reserves; the workloads here use a few MiB of it
 LOGITS_PROMPT_TOKENS = 16
 FULL_VOCAB_UP_TO = 8192
-_CORES = re.compile(r"local_rank=0, core ids=\[([0-9, ]+)\]")
 
 
 class VllmReading(NamedTuple):
@@ -91,8 +89,9 @@ def time_workload(server: VllmServer, workload: Workload, *, repeats: int = 5,
     """``repeats`` timed rounds of the workload's requests (after ``warmup``) on a running
     server: the Measurement (engine timings, vLLM's memory) and the serving percentiles."""
     vocab = json.loads((server.model_dir / "config.json").read_text())["vocab_size"]
-    timed = time_rounds(server, isl=workload.isl, osl=workload.osl, batch=workload.batch,
-                        vocab_size=vocab, rounds=repeats, warmup=warmup, seed=seed)
+    with on_cpus(server.framework_cpus):
+        timed = time_rounds(server, isl=workload.isl, osl=workload.osl, batch=workload.batch,
+                            vocab_size=vocab, rounds=repeats, warmup=warmup, seed=seed)
     memory = server.memory()
     report = serving_report(timed, isl=workload.isl, osl=workload.osl, batch=workload.batch)
     kv_bytes = memory.serving_bytes(workload.final_context, workload.batch) \
@@ -109,8 +108,8 @@ def time_workload(server: VllmServer, workload: Workload, *, repeats: int = 5,
                        "server_start_s": server.started_s or 0.0},
         repeats=repeats,
         warmup=warmup,
-        threads=_last_cores(server.log_text()),
-        device=f"{server.device} (vLLM)",
+        threads=len(server.worker_cpus) or 1,
+        device=f"{server.device} (vLLM{', worker isolated' if server.framework_cpus else ''})",
     )
     return measurement, report
 
@@ -174,9 +173,3 @@ def logprob_difference(server: VllmServer, served: Path, seed: int = 0) -> dict:
     return {"max_abs_logprob_diff": diff, "prompt_tokens": LOGITS_PROMPT_TOKENS,
             "compared": "whole vocabulary" if top == -1 else f"top {top} per position",
             "reference": "PyTorch fp32 of the export"}
-
-
-def _last_cores(log: str) -> int:
-    """The cores vLLM's worker computes on (it binds its OpenMP threads to them)."""
-    found = _CORES.findall(log)
-    return len(found[-1].split(",")) if found else 1
