@@ -48,6 +48,7 @@ from safetensors.torch import save_file
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 from autocompress.atomic import check_not_input, check_out_dir, publishing_dir
 from autocompress.engine_rules import FFN_MULTIPLE, EnginePlan, ModelFacts, plan_for
+from autocompress.errors import AutoCompressError
 
 _COPIED_FILES = (
     "tokenizer.json",
@@ -214,6 +215,20 @@ def apply_stand_ins(
 
 
 # ------------------------------------------------------------------ writing
+
+
+def export_refusal(model_dir: str | Path, engine: str) -> str | None:
+    """Why an export of the model in ``model_dir`` for ``engine`` would be refused (the
+    first rule it breaks, one line), or None where ``engine`` computes it exactly; nothing
+    is written."""
+    from autocompress.modeling import load_causal_lm
+
+    model, _ = load_causal_lm(model_dir, with_tokenizer=False)
+    try:
+        plan_for(ModelFacts.of(model, model_dir), [engine])
+    except AutoCompressError as err:
+        return err.message
+    return None
 
 
 def nemotron_nas_config(spec: ArchSpec, base_config: Any, facts: ModelFacts) -> dict[str, Any]:

@@ -445,7 +445,19 @@ def matrix_tables(data: dict) -> list[str]:
         for name in data["rows"]:
             lines.append("| " + " | ".join([_short(name)] + [
                 _cell_text(_cell(data, name, c["label"]), c) for c in columns]) + " |")
+        lines += _refusals(data, columns)
     return lines
+
+
+def _refusals(data: dict, columns: list[dict]) -> list[str]:
+    """One line per refused cell: the rule its column's engine would break."""
+    labels = {c["label"] for c in columns}
+    refused = [c for c in data["cells"] if c.get("refused") and c["target"] in labels]
+    if not refused:
+        return []
+    return ["", "Refused (the column's engine cannot serve the architecture exactly, so it "
+            "was not timed and is not within the limit):", ""] + [
+        f"- {_short(c['arch'])} on {c['target']}: {c['refused']}" for c in refused]
 
 
 def _over_seeds(row: dict, key: str, digits: int = 3) -> str:
@@ -466,6 +478,8 @@ def _limit_text(limits: dict) -> str:
 
 def _cell_text(cell: dict, column: dict) -> str:
     metric = column["metric"]
+    if cell.get("refused"):  # the engine cannot serve it exactly: never timed
+        return "refused"
     mark = "✓" if cell["ok"] else "✗"
     if cell["measured"]:
         value, noise = cell["costs"].get(metric), cell["noise"].get(metric, 0.0)
@@ -584,6 +598,12 @@ def params_matched_rows(data: dict) -> list[str]:
         metric = column["metric"]
         limit = column["limits"][f"max_{metric}"]
         own, other = _cell(data, label, label), _cell(data, matched, label)
+        if other.get("refused"):
+            lines.append(f"| {label} | {_count(data['rows'][label]['params'])}, "
+                         f"{own['costs'][metric] / limit:.2f} | "
+                         f"{_count(data['rows'][matched]['params'])}, refused | the engine "
+                         f"cannot serve it exactly |")
+            continue
         ratio = other["costs"][metric] / limit
         if not other["ok"]:
             what = f"misses the limit by {100 * (ratio - 1):.0f}%"

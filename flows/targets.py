@@ -329,6 +329,7 @@ class MatrixCell(BaseModel):
     predicted: dict[str, float] = Field(default_factory=dict)
     limits: dict[str, float] = Field(default_factory=dict)
     noise: dict[str, float] = Field(default_factory=dict)
+    refused: str | None = None  # why the column's engine cannot serve it exactly (not timed)
 
 
 PARAMS = "params"  # the suffix of a column's params-matched row
@@ -415,6 +416,11 @@ def targets_matrix(
                 continue
             for row in rows:
                 name = f"cell.{row}.{key}"
+                refused = engine_refusal(column, values[f"model.{row}.s{seeds[0]}"])
+                if refused:  # e.g. per-layer query heads on vLLM: refused, never timed
+                    cells.append(MatrixCell(arch=row, target=key, measured=column.measured,
+                                            ok=False, refused=refused))
+                    continue
                 if column.measured:
                     step = verify_step(name, f"model.{row}.s{seeds[0]}", column.target, key)
                 else:
@@ -432,6 +438,17 @@ def targets_matrix(
                 "cells": [c.model_dump() for c in cells], "errors": errors, "seeds": seeds,
                 "steps": [s.model_dump() for s in flow_report.steps],
                 "wall_s": flow_report.wall_s, "mlflow_run_id": flow_report.mlflow_run_id}
+
+
+def engine_refusal(column: Column, model) -> str | None:
+    """Why the column's engine cannot serve ``model`` (a model's reference) exactly, for
+    engines served from a nemotron-nas export (vLLM); None where it can, or where the
+    engine reads another format (llama.cpp's GGUF, PyTorch)."""
+    from autocompress.export import export_refusal
+
+    if Target.parse(column.target).engine.name != "vllm":
+        return None
+    return export_refusal(fetch(model), "vllm")
 
 
 def _cell(row: str, column: str, ref) -> MatrixCell:

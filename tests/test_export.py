@@ -12,6 +12,7 @@ from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
 from autocompress.errors import AutoCompressError
 from autocompress.export import (
     export_nemotron_nas,
+    export_refusal,
     ffn_mult_for,
     ffn_mult_to_intermediate_size,
     load_nemotron_nas,
@@ -122,6 +123,11 @@ def test_per_layer_query_heads_are_refused(tmp_path):
     with pytest.raises(AutoCompressError, match=r"query heads differ.*query heads \[2, 4\]"):
         export_nemotron_nas(path, tmp_path / "nas")
     assert not (tmp_path / "nas").exists()  # nothing half-written
+    # the same rule, as a reason, without an export (the matrix's refused cells)
+    assert "query heads [2, 4]" in export_refusal(path, "vllm")
+    assert not (tmp_path / "nas").exists()
+    _, uniform = _student(tmp_path / "uniform", [_layer(4, 2, 256), _layer(4, 4, 256)])
+    assert export_refusal(uniform, "vllm") is None
 
 
 def test_qwen3_is_refused(tmp_path):

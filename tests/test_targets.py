@@ -441,7 +441,7 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
                                        with_tokenizer=False)[0]).to_dict()
     scores = {"heldout_loss": 4.2, "heldout_loss_stderr": 0.01, "mc_mean": 0.5,
               "mc_mean_stderr": 0.02}
-    label = "llama.cpp-q8_0.interactive-cpu"
+    label, vllm = "llama.cpp-q8_0.interactive-cpu", "vllm-bf16.interactive-cpu"
     own, matched = _row([_windows(-0.05, s) for s in (0, 1)]), _row(
         [_windows(0.0, s) for s in (0, 1)], kind="params")
     for row in (own, matched):
@@ -462,7 +462,12 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
                            "limits": {"max_tpot_ms": 0.4}, "cost_terms": terms,
                            "validation_mape": {"tpot": 2.0}}],
               "rows": {label: own, f"{label}.params": matched},
-              "cells": [cell(label, 0.39, True), cell(f"{label}.params", 0.48, False)]}
+              "cells": [cell(label, 0.39, True), cell(f"{label}.params", 0.48, False),
+                        {**cell(label, 0.39, True), "target": vllm},
+                        {**cell(f"{label}.params", 0.0, False), "target": vllm, "costs": {},
+                         "refused": "query heads differ per layer: layers 1"}]}
+    matrix["columns"].append({**matrix["columns"][0], "label": vllm,
+                              "target": "cpu-local/vllm/bf16"})
     selection = [{"origin": "repair", "layers": 8, "kl": 0.5, "chosen": False},
                  {"origin": "2 layers emptied", "layers": 6, "kl": 0.4, "chosen": True}]
     verification = {"measured": {"tpot_ms": 0.39}, "noise": {}, "predicted": {"tpot_ms": 0.38},
@@ -487,6 +492,8 @@ def test_the_report_explains_cost_terms_and_renders_every_table(tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
     text = bench.write_report(tmp_path).read_text()
     assert "✓ 0.39 ± 0.01 (pred 0.38)" in text and "| only row within the limit |" in text
+    assert "| refused |" in text  # never timed, so not within the limit, with its reason:
+    assert f"on {vllm}: query heads differ per layer: layers 1" in text
     assert "beyond noise on **0 of 1 measured columns**" in text
     assert "| 1,000,000, 1.20 | misses the limit by 20% |" in text
     assert "| cpu-local/llama.cpp/q8_0 | tpot_ms ≤ 0.4 | 0.39 ± – (0.38) | pass |" in text
