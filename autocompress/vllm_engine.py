@@ -30,11 +30,12 @@ metrics report them (``VllmMemory``).
 **The worker computes on cores of its own.** vLLM's CPU build binds its worker's OpenMP
 threads to all cores but a reserved one, which it leaves to the scheduler "and the
 rest", yet binds nothing else: its API server, its engine core and the client then
-float, and when the kernel puts one of them on the worker's core, every step of the
-worker slows until it moves away (+15-25% TPOT for minutes here, on 2 cores, under a
-batched workload). ``VllmServer`` therefore moves every other thread of the server to
-the reserved cores once it answers (``isolate_worker``), and the client times its
-requests from those cores (``framework_cpus``): the split vLLM's binding intends.
+float, and the kernel may run one of them on the worker's core. ``VllmServer`` moves
+every other thread of the server to the reserved cores once it answers
+(``isolate_worker``), and the client times its requests from those cores
+(``framework_cpus``): the split vLLM's binding intends. Measured here
+(``lab/vllm_isolation.py``): TPOT 9-27% lower; whether it also removes the 15-25%
+server-long slow states seen in the validation is not settled.
 """
 
 from __future__ import annotations
@@ -445,12 +446,11 @@ def on_cpus(cpus: set[int] | None) -> Iterator[None]:
 def _group_threads(pgid: int) -> list[int]:
     """The thread ids of every live process in the group ``pgid``."""
     threads = []
-    for pid in _pids():
-        if _in_group(pid, pgid):
-            try:
-                threads += [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-            except OSError:
-                continue
+    for pid in _group_pids(pgid):
+        try:
+            threads += [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:  # the process ended meanwhile
+            continue
     return threads
 
 
@@ -466,7 +466,12 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return any(_in_group(pid, pgid) for pid in _pids())
+    return any(_group_pids(pgid))
+
+
+def _group_pids(pgid: int) -> Iterator[int]:
+    """The live processes of the group ``pgid`` (zombies excluded)."""
+    return (pid for pid in _pids() if _in_group(pid, pgid))
 
 
 def _pids() -> list[int]:

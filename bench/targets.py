@@ -599,19 +599,15 @@ def params_matched_rows(data: dict) -> list[str]:
         limit = column["limits"][f"max_{metric}"]
         own, other = _cell(data, label, label), _cell(data, matched, label)
         if other.get("refused"):
-            lines.append(f"| {label} | {_count(data['rows'][label]['params'])}, "
-                         f"{own['costs'][metric] / limit:.2f} | "
-                         f"{_count(data['rows'][matched]['params'])}, refused | the engine "
-                         f"cannot serve it exactly |")
-            continue
-        ratio = other["costs"][metric] / limit
-        if not other["ok"]:
-            what = f"misses the limit by {100 * (ratio - 1):.0f}%"
+            shown, what = "refused", "the engine cannot serve it exactly"
         else:
-            what = f"meets it, leaving {100 * (1 - ratio):.0f}% of the budget unused"
+            ratio = other["costs"][metric] / limit
+            shown = f"{ratio:.2f}"
+            what = (f"misses the limit by {100 * (ratio - 1):.0f}%" if not other["ok"] else
+                    f"meets it, leaving {100 * (1 - ratio):.0f}% of the budget unused")
         lines.append(f"| {label} | {_count(data['rows'][label]['params'])}, "
                      f"{own['costs'][metric] / limit:.2f} | "
-                     f"{_count(data['rows'][matched]['params'])}, {ratio:.2f} | {what} |")
+                     f"{_count(data['rows'][matched]['params'])}, {shown} | {what} |")
     return lines
 
 

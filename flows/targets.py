@@ -410,13 +410,14 @@ def targets_matrix(
                 rows.update({row: {"column": key, "kind": PARAMS if row != key else "own"}
                              for row in plan})
         cells: list[MatrixCell] = []
+        refusals = vllm_refusals(columns, rows, values, seeds[0])
         for column in columns:  # every architecture on this column
             key = column.label
             if f"limits.{key}" not in values:
                 continue
             for row in rows:
                 name = f"cell.{row}.{key}"
-                refused = engine_refusal(column, values[f"model.{row}.s{seeds[0]}"])
+                refused = refusals.get(row) if served_by_vllm(column) else None
                 if refused:  # e.g. per-layer query heads on vLLM: refused, never timed
                     cells.append(MatrixCell(arch=row, target=key, measured=column.measured,
                                             ok=False, refused=refused))
@@ -440,15 +441,21 @@ def targets_matrix(
                 "wall_s": flow_report.wall_s, "mlflow_run_id": flow_report.mlflow_run_id}
 
 
-def engine_refusal(column: Column, model) -> str | None:
-    """Why the column's engine cannot serve ``model`` (a model's reference) exactly, for
-    engines served from a nemotron-nas export (vLLM); None where it can, or where the
-    engine reads another format (llama.cpp's GGUF, PyTorch)."""
+def served_by_vllm(column: Column) -> bool:
+    """Whether the column's engine serves a nemotron-nas export (vLLM), whose loading rules
+    can refuse a row; llama.cpp reads GGUF and PyTorch anything."""
+    return Target.parse(column.target).engine.name == "vllm"
+
+
+def vllm_refusals(columns: list[Column], rows: dict[str, Any], values: dict[str, Any],
+                  seed: int) -> dict[str, str | None]:
+    """Per row, why vLLM cannot serve its model exactly (None: it can); checked once per
+    row, and only when a column is served by vLLM."""
     from autocompress.export import export_refusal
 
-    if Target.parse(column.target).engine.name != "vllm":
-        return None
-    return export_refusal(fetch(model), "vllm")
+    if not any(served_by_vllm(c) for c in columns):
+        return {}
+    return {row: export_refusal(fetch(values[f"model.{row}.s{seed}"]), "vllm") for row in rows}
 
 
 def _cell(row: str, column: str, ref) -> MatrixCell:

@@ -26,6 +26,7 @@ import torch
 
 from autocompress.atomic import write_json_atomic
 from autocompress.costmodel.workload import get_workload
+from autocompress.hardware import machine_summary
 from autocompress.vllm_engine import VllmServer, export_for_vllm
 
 WORKLOADS = ("datacenter-cpu", "interactive-cpu")
@@ -99,7 +100,8 @@ def main() -> None:
         print(f"{key:40s} median {value['median_ms']:.3f} ms  max/min {value['max_over_min']:.3f}"
               f"  cv {100 * value['cv']:.1f}%")
     write_json_atomic(args.out, {"runs": runs, "summary": summary, "torch": torch.__version__,
-                                 "seconds": time.perf_counter() - began})
+                                 "seconds": time.perf_counter() - began,
+                                 "machine": machine_summary()})
 
 
 if __name__ == "__main__":
