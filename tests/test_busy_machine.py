@@ -155,6 +155,22 @@ def test_a_real_miss_is_re_aimed_even_on_a_busy_machine():
         BUDGETS["tpot_ms"] / (1.15 * 1.03) * 0.98)
 
 
+def test_a_busy_machine_is_warned_of_once_per_timer(monkeypatch, capsys):
+    """The warning's figures move as the load does; a log gets the line once, and the
+    summary still says what the machine is now."""
+    monkeypatch.delenv("AUTOCOMPRESS_QUIET", raising=False)
+    machine = ScriptedMachine([1.02, 1.03, 1.01], noise=0.04, load=2.0)
+    timer = machine.timer()
+    loop(machine, timer)
+    first = timer.warned
+    timer.conditions.append({**timer.conditions[-1], "load_per_core": 3.0})  # a later timing
+    second = timer.warn(["tpot_ms"])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert "load average 6.0" in second and "load average 4.0" in first
+    assert timer.warned == first
+    assert printed == [f"warning: {first}"]
+
+
 def test_a_quiet_machine_gives_no_warning():
     machine = ScriptedMachine([0.97], noise=0.005, load=0.5)
     timer = machine.timer()

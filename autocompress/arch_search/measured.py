@@ -341,7 +341,7 @@ class SpecTimer:
         self.conditions: list[dict[str, Any]] = []  # each timing: the load and the noise
         self.waited_s = 0.0  # spent waiting for a quiet window (at most busy.wait_s)
         self.actions: list[str] = []  # what was done about a busy machine, in order
-        self.warned: str | None = None  # the last warning printed
+        self.warned: str | None = None  # the warning printed, once
 
     def __call__(self, spec: ArchSpec) -> Reading:
         key = spec.to_json(indent=None)
@@ -461,11 +461,12 @@ class SpecTimer:
         return out
 
     def warn(self, metrics: list[str] | tuple[str, ...] = TIMING_METRICS) -> str | None:
-        """Print the busy machine's warning line where it is new; return it (None: quiet)."""
+        """Print the busy machine's warning line once per timer (a later one differs only in
+        its figures: a log that repeats it is noise); return it (None: quiet)."""
         warning = self.summary(metrics)["warning"]
-        if warning and warning != self.warned and not os.environ.get("AUTOCOMPRESS_QUIET"):
+        if warning and self.warned is None and not os.environ.get("AUTOCOMPRESS_QUIET"):
             print(f"warning: {warning}", flush=True)
-        self.warned = warning or self.warned
+        self.warned = self.warned or warning
         return warning
 
 
