@@ -60,6 +60,12 @@ MEASURED = ["cpu-local/llama.cpp/q4_0@interactive-cpu=0.5",
 # hf-eager in bf16 joins the measured columns only where this CPU runs bf16 natively.
 BF16 = "cpu-local/hf-eager/bf16@interactive-cpu=0.5"
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# vLLM's columns, where its environment is installed (issue 61; lab/plans/targets-vllm.md):
+# batch-1 decode and 6 concurrent sequences, the cost structure where vLLM differs most
+# (its scheduler's fixed cost per step). 70%, not 50%: on 30 held-out architectures of the
+# teacher's class its TPOT spans 1.24-2.31 ms at interactive-cpu, so half the teacher's
+# is the very smallest of them. bf16 only where the CPU runs it natively, as for hf-eager.
+VLLM = ["cpu-local/vllm/{dtype}@interactive-cpu=0.7", "cpu-local/vllm/{dtype}@datacenter-cpu=0.7"]
 # Spec-sheet columns, predicted only and never counted for the thesis. The 7M teacher is
 # mostly fixed per-token overhead on a GPU (the smallest reachable is 84% of its TPOT on
 # the RTX 5070 with vLLM, 87% on the H100 with TensorRT-LLM), so their budget is 90%.
@@ -95,11 +101,32 @@ def native_bf16(flags: set[str]) -> list[str]:
     return sorted(flags & set(BF16_FLAGS))
 
 
-def absent_targets(flags: set[str]) -> dict[str, str]:
-    """Targets of the issue the matrix does not measure here, each with its reason."""
+def vllm_columns(flags: set[str], installed: bool) -> list[str]:
+    """The matrix's vLLM columns on a CPU with ``flags`` (none where vLLM is not installed)."""
+    dtype = "bf16" if native_bf16(flags) else "fp32"
+    return [column.format(dtype=dtype) for column in VLLM] if installed else []
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM's columns are left out here (None: its environment is installed)."""
+    from autocompress.errors import AutoCompressError
+    from autocompress.vllm_engine import vllm_python
+
+    try:
+        vllm_python()
+    except AutoCompressError as error:
+        return str(error)
+    return None
+
+
+def absent_targets(flags: set[str], vllm_absent: str | None = None) -> dict[str, str]:
+    """Targets of the issue the matrix does not measure here, each with its reason
+    (``vllm_absent``: why vLLM is not installed, where it is not)."""
     import torch
 
     absent = {"cpu-local/llama.cpp (2 threads)": LLAMACPP_THREADS}
+    if vllm_absent:
+        absent["cpu-local/vllm"] = vllm_absent
     if not native_bf16(flags):
         absent[BF16.split("@")[0]] = (
             f"this CPU has none of {', '.join(BF16_FLAGS)} in /proc/cpuinfo (torch's CPU kernels: "
@@ -108,8 +135,10 @@ def absent_targets(flags: set[str]) -> dict[str, str]:
     return absent
 
 
-def default_columns(flags: set[str]) -> list[str]:
-    return MEASURED + ([BF16] if native_bf16(flags) else []) + PREDICTED
+def default_columns(flags: set[str], vllm: bool = False) -> list[str]:
+    """The matrix's columns on a CPU with ``flags``; ``vllm``: its environment is installed."""
+    return (MEASURED + ([BF16] if native_bf16(flags) else []) + vllm_columns(flags, vllm)
+            + PREDICTED)
 
 
 def log(message: str) -> None:
@@ -159,7 +188,7 @@ def run_matrix(args) -> dict:
     load["after"] = os.getloadavg()
     data = enrich_matrix(data, args, load, time.perf_counter() - started)
     flags = cpu_flags()
-    data.update(native_bf16=native_bf16(flags), absent=absent_targets(flags))
+    data.update(native_bf16=native_bf16(flags), absent=absent_targets(flags, vllm_missing()))
     return data
 
 
@@ -881,7 +910,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.choices["matrix"]
     # The matrix's verdicts pair MC items too, so it runs the multiple-choice tasks.
     m.set_defaults(eval_tasks="local", eval_limit=60)
-    m.add_argument("--columns", nargs="+", default=default_columns(cpu_flags()),
+    m.add_argument("--columns", nargs="+",
+                   default=default_columns(cpu_flags(), vllm_missing() is None),
                    metavar="TARGET@WORKLOAD=FRACTION",
                    help="The columns: a target, its workload (PRESET or PRESET:METRIC, the "
                    "metric the budget is on) and the budget as a fraction of the teacher's "

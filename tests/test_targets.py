@@ -397,6 +397,28 @@ def test_the_matrix_measures_bf16_only_where_the_cpu_runs_it_natively(tmp_path):
     assert bench.cpu_flags(tmp_path / "absent") == set()
 
 
+def test_the_matrix_has_vllm_columns_only_where_vllm_is_installed():
+    """Where vLLM's environment is missing its columns are left out with the set-up's own
+    reason; where it is installed they serve in bf16 only on a CPU that runs bf16 natively."""
+    bench = _bench()
+    avx2, bf16 = {"avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16"}
+    assert not any("/vllm/" in c and c.startswith("cpu-local") for c in
+                   bench.default_columns(avx2))
+    installed = bench.default_columns(avx2, vllm=True)
+    ours = [c for c in installed if c.startswith("cpu-local/vllm/")]
+    assert ours == ["cpu-local/vllm/fp32@interactive-cpu=0.7",
+                    "cpu-local/vllm/fp32@datacenter-cpu=0.7"]
+    assert all(c.startswith("cpu-local/vllm/bf16@") for c in bench.vllm_columns(bf16, True))
+    assert installed[-len(bench.PREDICTED):] == bench.PREDICTED  # predicted columns stay last
+    absent = bench.absent_targets(avx2, "vLLM is not installed (no environment at x)")
+    assert absent["cpu-local/vllm"].startswith("vLLM is not installed")
+    assert "cpu-local/vllm" not in bench.absent_targets(avx2)
+    from flows.targets import Column
+
+    for column in installed:
+        Column.parse(column)  # every default column is one the flows take
+
+
 def test_every_targets_result_records_the_machine_it_was_measured_on():
     bench = _bench()
     args = type("Args", (), {"eval_limit": 30})()
