@@ -281,6 +281,33 @@ def simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     return [f for f in SIMD_FLAGS if f in present]
 
 
+def engine_kernels(engine: str, flags: set[str] | None = None) -> str:
+    """The CPU kernels ``engine`` runs on this machine, as the engine itself picks them:
+    torch's CPU capability (hf-eager); the features the loaded llama.cpp reports (its
+    build decides them, not the CPU); which of vLLM's three x86 kernel builds it imports
+    for these ``flags`` (its ``CpuPlatform.import_kernels`` rule: AVX-512 with bf16,
+    AVX-512, else AVX2)."""
+    if engine == "llama.cpp":
+        try:
+            import llama_cpp
+        except ImportError as err:
+            return f"unknown (llama_cpp does not import: {err})"
+        info = llama_cpp.llama_print_system_info().decode(errors="replace")
+        cpu = info.split("CPU :", 1)[-1].split("|")
+        return " ".join(f.split("=")[0].strip() for f in cpu if f.strip().endswith("= 1"))
+    if engine == "vllm":
+        if platform.machine() not in ("x86_64", "AMD64"):
+            return f"vllm._C ({platform.machine()})"
+        flags = cpu_flags() if flags is None else flags
+        if "avx512f" in flags:
+            return ("vllm._C (AVX-512, bf16)" if "avx512_bf16" in flags
+                    else "vllm._C_AVX512 (AVX-512)")
+        return "vllm._C_AVX2 (AVX2)"
+    import torch  # lazy: as in detect_cpu
+
+    return f"torch {torch.backends.cpu.get_cpu_capability()}"
+
+
 def machine_summary() -> dict[str, object]:
     """What a benchmark or a per-machine decision records: CPU model, its vector
     extensions, the kernels torch picks on it, cores, torch threads and the load average

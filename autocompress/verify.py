@@ -62,7 +62,7 @@ from pydantic import BaseModel, Field
 
 from autocompress.costmodel.model import unfitted_note
 from autocompress.errors import AutoCompressError
-from autocompress.hardware import LOCAL_CPU
+from autocompress.hardware import LOCAL_CPU, engine_kernels
 from autocompress.limits import LimitCheck, Limits
 
 # Box-plot notch: median ± 1.58·IQR/√n covers the median with ~95% confidence.
@@ -347,6 +347,7 @@ WHAT_IS_TIMED = {
 def _measurement_detail(measurement, statistic: str, engine: str) -> dict:
     return {
         "what": WHAT_IS_TIMED[engine],
+        "kernels": engine_kernels(engine),  # hosts here differ: AVX2 only, or AVX-512 and AMX
         "ttft_ms": measurement.ttft_ms.model_dump(),
         "tpot_ms": measurement.tpot_ms.model_dump(),
         "memory_method": measurement.memory_method,

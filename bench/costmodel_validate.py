@@ -113,7 +113,7 @@ def main() -> None:
     from autocompress.costmodel.target import Target
     from autocompress.costmodel.validate import plot_validation, validate_cost_model
     from autocompress.costmodel.workload import get_workload
-    from autocompress.hardware import load_profile, machine_summary
+    from autocompress.hardware import engine_kernels, load_profile, machine_summary
 
     workloads = [get_workload(n) for n in (args.workload or CPU_FIT_WORKLOADS)]
     base = default_base_config()
@@ -172,6 +172,7 @@ def main() -> None:
         "fit_report": model.fit.model_dump(mode="json") if model.fit else None,
         "hardware": profile.cpu_spec().model_dump(mode="json"),
         "machine": machine_summary(),  # CPU model, vector extensions, cores, threads, load
+        "kernels": engine_kernels(target.engine.name),
         "plot": str(png),
     })
     write_json_atomic(args.out, payload)

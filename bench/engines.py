@@ -22,7 +22,6 @@ its prediction of each architecture is scored too (MAPE per engine).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from datetime import UTC, datetime
@@ -31,11 +30,12 @@ from pathlib import Path
 import torch
 
 from autocompress.arch import ArchSpec, AttentionSpec, FFNSpec, LayerSpec
+from autocompress.atomic import write_json_atomic
 from autocompress.costmodel import CostModel, Target, get_workload
 from autocompress.costmodel.fit import measure_on_target
 from autocompress.costmodel.measure import timing_reference
 from autocompress.costmodel.probes import default_base_config
-from autocompress.hardware import machine_summary
+from autocompress.hardware import engine_kernels, machine_summary
 from autocompress.modeling import arch_spec_of, build_model
 
 ENGINES = ("cpu-local/hf-eager/fp32", "cpu-local/llama.cpp/f32", "cpu-local/llama.cpp/q8_0")
@@ -180,9 +180,11 @@ def main() -> None:
     results["meta"] = {"created": datetime.now(UTC).isoformat(timespec="seconds"),
                        "seconds": time.perf_counter() - started, "repeats": args.repeats,
                        "threads": 1, "loadavg_before": load_before,
-                       "loadavg_after": os.getloadavg(), "machine": machine_summary()}
+                       "loadavg_after": os.getloadavg(), "machine": machine_summary(),
+                       "kernels": {e: engine_kernels(Target.parse(e).engine.name)
+                                   for e in args.engines}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    write_json_atomic(args.json, results)
     plot(results, args.plot)
     header = f"{'factor':10} {'kept':>5} " + " ".join(
         f"{e.removeprefix('cpu-local/'):>24}" for e in args.engines)

@@ -62,6 +62,26 @@ def test_simd_flags_are_read_from_cpuinfo(tmp_path):
     assert simd_flags(tmp_path / "missing") == []
 
 
+def test_each_engine_says_which_kernels_it_runs(monkeypatch):
+    """vLLM's three x86 builds by its own rule on the CPU's flags; llama.cpp as the loaded
+    library reports its build (this one is built with AVX2: the Makefile's flags); torch
+    as it reports its capability."""
+    import platform
+
+    import torch
+
+    from autocompress.hardware import engine_kernels
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert engine_kernels("vllm", {"avx2", "fma"}) == "vllm._C_AVX2 (AVX2)"
+    assert engine_kernels("vllm", {"avx2", "avx512f"}) == "vllm._C_AVX512 (AVX-512)"
+    assert engine_kernels("vllm", {"avx512f", "avx512_bf16"}) == "vllm._C (AVX-512, bf16)"
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert engine_kernels("vllm", set()) == "vllm._C (aarch64)"
+    assert "AVX2" in engine_kernels("llama.cpp").split()
+    assert engine_kernels("hf-eager") == f"torch {torch.backends.cpu.get_cpu_capability()}"
+
+
 def test_robust_stat():
     stat = RobustStat.of([10, 11, 9, 10, 100], unit="ms")
     assert stat.median == 10 and stat.n == 5 and stat.q1 <= 10 <= stat.q3
