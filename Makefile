@@ -101,10 +101,11 @@ bench: venv
 	$(PY) -m bench.compare
 
 # The decisive comparison's next unit (bench/campaign.py; lab/plans/decisive-comparison.md),
-# committing each finished step. Start it first in a session, in the background:
-#   nohup make campaign > campaign.log 2>&1 &
+# committing each finished step. Start it first in a session, in the background, with the
+# hours the session has left (it stops before a step that would not finish in them):
+#   nohup make campaign HOURS=2.8 > campaign.log 2>&1 &
 campaign: venv
-	$(PY) -m bench.campaign run --commit
+	$(PY) -m bench.campaign run --commit $(if $(HOURS),--hours $(HOURS))
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .autocompress

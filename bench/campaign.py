@@ -14,10 +14,13 @@ A unit interrupted at a session's end resumes where it stopped when its work dir
 (``$AUTOCOMPRESS_HOME``: the flows' stage cache) survives; otherwise its partial results are
 moved to ``lab/results/campaign_restarted/`` (they stay listed) and the unit starts again,
 since its pairs must share one host. ``--commit`` commits each finished step's files.
+``--hours H`` (the session's hours left) stops a unit before a step when the steps left
+would not finish in time at this host's pace (its seconds on the unit's steps so far
+against the finished units'): hosts here differ threefold, and a unit cut short is lost.
 
     .venv/bin/python -m bench.campaign status           # the table so far
     .venv/bin/python -m bench.campaign run --commit     # the next unit, in the background:
-    nohup .venv/bin/python -m bench.campaign run --commit > campaign.log 2>&1 &
+    nohup .venv/bin/python -m bench.campaign run --commit --hours 2.8 > campaign.log 2>&1 &
     .venv/bin/python -m bench.campaign run --dry-run    # the commands it would run
 """
 
@@ -31,6 +34,7 @@ import secrets
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -334,16 +338,62 @@ def git_commit(paths: list[Path], message: str) -> None:
     print(f"[campaign] could not commit {', '.join(rel)}; commit them by hand", flush=True)
 
 
+def past_seconds(units: list[Unit], results: Path = RESULTS) -> dict[str, float]:
+    """Each step's median seconds over the finished units (the campaign's own record)."""
+    seen: dict[str, list[float]] = {}
+    for other in units:
+        record = read_record(unit_dir(other, results))
+        if record.get("finished"):
+            for name, step in record.get("steps", {}).items():
+                if "seconds" in step:
+                    seen.setdefault(name, []).append(step["seconds"])
+    return {name: statistics.median(values) for name, values in seen.items()}
+
+
+def time_left_estimate(record: dict[str, Any], names: list[str],
+                       past: dict[str, float]) -> tuple[float, float]:
+    """(this host's pace against the finished units, the seconds the steps ``names`` would
+    take at that pace): a step the record never saw counts as the slowest of its kind."""
+    done = [(step["seconds"], past[name]) for name, step in record["steps"].items()
+            if "seconds" in step and past.get(name)]
+    pace = sum(a for a, _ in done) / sum(b for _, b in done) if done else 1.0
+
+    def typical(name: str) -> float:
+        kind = [v for n, v in past.items() if n.split()[-1] == name.split()[-1]]
+        return past.get(name, max(kind, default=0.0))
+
+    return pace, pace * sum(typical(name) for name in names)
+
+
 def run_unit(unit: Unit, units: list[Unit], results: Path = RESULTS, runner: Runner = run_logged,
-             commit: bool = False, restarted: Path = RESTARTED) -> dict[str, Any]:
-    """Run every step of ``unit`` not yet done; returns its record."""
+             commit: bool = False, restarted: Path = RESTARTED,
+             deadline: float | None = None, clock: Callable[[], float] = time.time
+             ) -> dict[str, Any]:
+    """Run every step of ``unit`` not yet done; returns its record. ``deadline`` (a
+    ``clock`` time: the session's end): stop before a step when the steps left would not
+    finish by then at this host's pace, since a unit cut at a session's end starts again."""
     here = unit_dir(unit, results)
     record = start_or_resume(unit, here, restarted)
     write_record(here, record)
     log = here / "unit.log"
-    for step in unit_steps(unit, units, results):
+    steps = unit_steps(unit, units, results)
+    past = past_seconds(units, results)
+    for index, step in enumerate(steps):
         if step.out.exists():
             continue
+        left = [s.name for s in steps[index:]
+                if not s.out.exists() and not s.name.endswith(" arch")]  # arch: no compute
+        if deadline is not None and left:
+            pace, need = time_left_estimate(record, left, past)
+            if clock() + need > deadline:
+                record["stopped"] = {"before": step.name, "at": _now(), "pace": round(pace, 2),
+                                     "estimate_s": round(need), "left_s": round(deadline - clock())}
+                write_record(here, record)
+                raise SystemExit(
+                    f"[campaign] {unit.id}: stopped before {step.name}: at this host's pace "
+                    f"({pace:.1f}x the finished units) the rest takes about {need / 3600:.1f} h "
+                    f"and {max(0.0, deadline - clock()) / 3600:.1f} h are left; run it in a "
+                    "session with that time (a unit cut at a session's end starts again)")
         if step.name.endswith(" arch"):
             _write_arch(step)
         else:
@@ -475,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true",
                    help="git-commit each finished step's JSON (only those files).")
     p.add_argument("--dry-run", action="store_true", help="Print the unit's commands only.")
+    p.add_argument("--hours", type=float, default=None,
+                   help="Hours this session has left: stop before a step that would not "
+                   "finish in time at this host's pace (its speed on the unit's steps so far "
+                   "against the finished units).")
     args = p.parse_args(argv)
     units = plan_units()
     if args.action == "status":
@@ -501,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
     code = frozen_tree(campaign_commit(units))
     print(f"[campaign] {unit.id}: code from {code}", flush=True)
     t0 = time.perf_counter()
-    run_unit(unit, units, commit=args.commit,
+    deadline = time.time() + 3600 * args.hours if args.hours else None
+    run_unit(unit, units, commit=args.commit, deadline=deadline,
              runner=lambda argv, log: run_logged(argv, log, code))
     print(f"[campaign] {unit.id} finished in {(time.perf_counter() - t0) / 3600:.2f} h")
     print(status_table(status_rows(units)))

@@ -130,6 +130,39 @@ def test_a_unit_whose_work_directory_is_gone_starts_again_and_keeps_what_it_had(
     assert (kept / "compare_greedy.json").exists() and (kept / "unit.json").exists()
 
 
+def test_a_unit_that_would_not_finish_in_the_session_stops_before_its_next_step(
+        tmp_path, home):
+    """The finished unit took 4470 s; a host that ran the teacher's eval 3x slower would
+    need 3 x 4070 s for the rest, so with 2 h left the unit stops there, not hours later."""
+    units = campaign.plan_units()
+    campaign.run_unit(units[0], units, results=tmp_path, runner=FakeEngine())
+    record = campaign.read_record(tmp_path / "50-s0-a")
+    took = {"teacher eval": 400, "greedy compare": 1800, "greedy eval": 300,
+            "minitron-scored compare": 1700, "minitron-scored eval": 270}
+    for name, seconds in took.items():
+        record["steps"][name]["seconds"] = seconds
+    campaign.write_record(tmp_path / "50-s0-a", record)
+    past = campaign.past_seconds(units, tmp_path)
+    assert past == took
+    slow = {"steps": {"teacher eval": {"seconds": 1200}}}
+    pace, need = campaign.time_left_estimate(slow, list(took)[1:], past)
+    assert pace == 3.0 and need == 3.0 * 4070
+    # autocompress never ran in a finished unit: it counts as the slowest compare
+    assert campaign.time_left_estimate({"steps": {}}, ["autocompress compare"], past)[1] == 1800
+
+    now = [0.0]
+    engine = FakeEngine()
+    with pytest.raises(SystemExit, match=r"stopped before teacher eval.*about 1\.2 h"):
+        campaign.run_unit(units[2], units, results=tmp_path, runner=engine,
+                          deadline=1000.0, clock=lambda: now[0])
+    assert engine.calls == []  # nothing started that could not finish
+    stopped = campaign.read_record(tmp_path / "50-s1-a")["stopped"]
+    assert stopped["before"] == "teacher eval" and stopped["estimate_s"] == 4470
+    record = campaign.run_unit(units[2], units, results=tmp_path, runner=engine,
+                               deadline=5000.0, clock=lambda: now[0])
+    assert record["finished"] and len(engine.calls) == 5
+
+
 def test_a_b_unit_refused_for_host_drift_sets_its_own_limits(tmp_path, home):
     units = campaign.plan_units()
     campaign.run_unit(units[0], units, results=tmp_path, runner=FakeEngine())
