@@ -111,6 +111,7 @@ def test_measure_fit_and_verify_in_the_engine(tmp_path):
     assert generous.ok and generous.measurement["memory_method"] == "llama.cpp-buffers"
     assert generous.predicted is not None and generous.measurement["timing"] == "paired"
     assert "llama.cpp" in generous.measurement["what"]
+    assert "AVX2" in generous.measurement["kernels"].split()  # the Makefile builds AVX2 in
     impossible = verify(path, target, TINY, Limits(max_memory_gb=1e-6), repeats=1, warmup=0,
                         cost_model=model)
     assert not impossible.ok and impossible.violations == ["memory_gb"]

@@ -88,6 +88,7 @@ def test_verify_passes_generous_and_fails_impossible_limits(model_dir):
     assert "analytic cost model" in report.prediction_note
     assert "autocompress costmodel fit --target cpu-local/hf-eager" in report.prediction_note
     assert "generate's own per-token" in report.measurement["what"]
+    assert report.measurement["kernels"].startswith("torch ")
 
     impossible = Limits(max_tpot_ms=1e-6, max_memory_gb=1e-9)
     bad = verify(model_dir, CPU, TINY, impossible, repeats=3)
