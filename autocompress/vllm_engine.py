@@ -112,12 +112,17 @@ def vllm_python() -> Path:
     return python
 
 
-def engine_available() -> bool:
+def unavailable_reason() -> str | None:
+    """Why vLLM cannot run here (the one line ``vllm_python`` raises), None where it can."""
     try:
         vllm_python()
-    except AutoCompressError:
-        return False
-    return True
+    except AutoCompressError as error:
+        return str(error)
+    return None
+
+
+def engine_available() -> bool:
+    return unavailable_reason() is None
 
 
 # ------------------------------------------------------------------ memory

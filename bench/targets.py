@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from autocompress.hardware import cpu_flags
+from autocompress.vllm_engine import engine_available, unavailable_reason
 from bench.report import _pyplot, plot_heatmaps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,18 +106,6 @@ def vllm_columns(flags: set[str], installed: bool) -> list[str]:
     """The matrix's vLLM columns on a CPU with ``flags`` (none where vLLM is not installed)."""
     dtype = "bf16" if native_bf16(flags) else "fp32"
     return [column.format(dtype=dtype) for column in VLLM] if installed else []
-
-
-def vllm_missing() -> str | None:
-    """Why vLLM's columns are left out here (None: its environment is installed)."""
-    from autocompress.errors import AutoCompressError
-    from autocompress.vllm_engine import vllm_python
-
-    try:
-        vllm_python()
-    except AutoCompressError as error:
-        return str(error)
-    return None
 
 
 def absent_targets(flags: set[str], vllm_absent: str | None = None) -> dict[str, str]:
@@ -188,7 +177,7 @@ def run_matrix(args) -> dict:
     load["after"] = os.getloadavg()
     data = enrich_matrix(data, args, load, time.perf_counter() - started)
     flags = cpu_flags()
-    data.update(native_bf16=native_bf16(flags), absent=absent_targets(flags, vllm_missing()))
+    data.update(native_bf16=native_bf16(flags), absent=absent_targets(flags, unavailable_reason()))
     return data
 
 
@@ -911,7 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The matrix's verdicts pair MC items too, so it runs the multiple-choice tasks.
     m.set_defaults(eval_tasks="local", eval_limit=60)
     m.add_argument("--columns", nargs="+",
-                   default=default_columns(cpu_flags(), vllm_missing() is None),
+                   default=default_columns(cpu_flags(), engine_available()),
                    metavar="TARGET@WORKLOAD=FRACTION",
                    help="The columns: a target, its workload (PRESET or PRESET:METRIC, the "
                    "metric the budget is on) and the budget as a fraction of the teacher's "
