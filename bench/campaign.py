@@ -381,18 +381,19 @@ def run_unit(unit: Unit, units: list[Unit], results: Path = RESULTS, runner: Run
     for index, step in enumerate(steps):
         if step.out.exists():
             continue
-        left = [s.name for s in steps[index:]
-                if not s.out.exists() and not s.name.endswith(" arch")]  # arch: no compute
-        if deadline is not None and left:
+        if deadline is not None:
+            left = [s.name for s in steps[index:]
+                    if not s.out.exists() and not s.name.endswith(" arch")]  # arch: no compute
             pace, need = time_left_estimate(record, left, past)
-            if clock() + need > deadline:
+            remaining = deadline - clock()
+            if need > remaining:
                 record["stopped"] = {"before": step.name, "at": _now(), "pace": round(pace, 2),
-                                     "estimate_s": round(need), "left_s": round(deadline - clock())}
+                                     "estimate_s": round(need), "left_s": round(remaining)}
                 write_record(here, record)
                 raise SystemExit(
                     f"[campaign] {unit.id}: stopped before {step.name}: at this host's pace "
                     f"({pace:.1f}x the finished units) the rest takes about {need / 3600:.1f} h "
-                    f"and {max(0.0, deadline - clock()) / 3600:.1f} h are left; run it in a "
+                    f"and {max(0.0, remaining) / 3600:.1f} h are left; run it in a "
                     "session with that time (a unit cut at a session's end starts again)")
         if step.name.endswith(" arch"):
             _write_arch(step)

@@ -18,7 +18,7 @@ from autocompress.progress import LOG_EVERY_S
 ROOT = Path(__file__).resolve().parents[1]
 NOTES_PER_STAGE = 3  # "note:"/"warning:" lines and a loop's own notes (a round's verdict)
 TAIL_LINES = 32  # outside the stages: the results table, summary lines, where to look
-STAGE_END = re.compile(r"^(\w+): (?:done in|failed after|\w+ after) ([0-9.]+) s|^(\w+): cached")
+STAGE_END = re.compile(r"^(\w+): (?:done in|\w+ after) ([0-9.]+) s|^(\w+): cached")  # progress.py
 
 
 def stage_blocks(lines: list[str]) -> tuple[list[tuple[str, float, list[str]]], list[str]]:
