@@ -519,6 +519,17 @@ def status_table(rows: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------ CLI
 
 
+def _positive_hours(text: str) -> float:
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = 0.0
+    if not hours > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hours above 0, "
+                                         "e.g. --hours 2.8")
+    return hours
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.campaign", description=__doc__.split("\n")[0])
     p.add_argument("action", nargs="?", choices=("run", "status"), default="status")
@@ -526,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", action="store_true",
                    help="git-commit each finished step's JSON (only those files).")
     p.add_argument("--dry-run", action="store_true", help="Print the unit's commands only.")
-    p.add_argument("--hours", type=float, default=None,
+    p.add_argument("--hours", type=_positive_hours, default=None,
                    help="Hours this session has left: stop before a step that would not "
                    "finish in time at this host's pace (its speed on the unit's steps so far "
                    "against the finished units).")
@@ -556,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     code = frozen_tree(campaign_commit(units))
     print(f"[campaign] {unit.id}: code from {code}", flush=True)
     t0 = time.perf_counter()
-    deadline = time.time() + 3600 * args.hours if args.hours else None
+    deadline = time.time() + 3600 * args.hours if args.hours is not None else None
     run_unit(unit, units, commit=args.commit, deadline=deadline,
              runner=lambda argv, log: run_logged(argv, log, code))
     print(f"[campaign] {unit.id} finished in {(time.perf_counter() - t0) / 3600:.2f} h")

@@ -161,6 +161,10 @@ def test_a_unit_that_would_not_finish_in_the_session_stops_before_its_next_step(
     record = campaign.run_unit(units[2], units, results=tmp_path, runner=engine,
                                deadline=5000.0, clock=lambda: now[0])
     assert record["finished"] and len(engine.calls) == 5
+    for bad in ("0", "-1", "abc"):  # a usage error (exit 2), before anything runs
+        with pytest.raises(SystemExit) as exited:
+            campaign.main(["run", "--hours", bad])
+        assert exited.value.code == 2
 
 
 def test_a_b_unit_refused_for_host_drift_sets_its_own_limits(tmp_path, home):
